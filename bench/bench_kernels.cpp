@@ -1,0 +1,211 @@
+// Benchmark (and check) of the foundation kernels on the GPU: tree build and accept walk in microseconds
+// against the single-threaded CPU heap in the same run, top-K over the vocabulary in GB/s against the
+// same-run device copy bandwidth. Every timed configuration is first checked against the CPU twin; a
+// wrong result makes the program exit 1.
+//
+// usage: bench_kernels [--quick]
+// Timing: CUDA events around R back-to-back launches on one stream (R chosen so a sample lasts >= ~2 ms),
+// median of 5 samples; "graph us" is the same kernel captured R times in one CUDA graph (launch gaps
+// shrink to the graph's). Inputs of the top-K are larger than L2 (rows x vocab x 4 bytes >= 300 MB).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ddtree/kernels.h"
+#include "tests/gpu/gpu_util.h"
+#include "tests/unit/test_util.h"
+
+using namespace ddtree;
+using test::DevBuf;
+
+namespace {
+int g_wrong = 0;
+
+#define BENCH_OK(call)                                                                          \
+  do {                                                                                          \
+    int rc_ = (call);                                                                           \
+    if (rc_ != DDT_OK) {                                                                        \
+      std::fprintf(stderr, "%s failed: %s (%s)\n", #call, ddt_status_string(rc_), ddt_last_error_message()); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+// Median over 5 samples of (time of `reps` back-to-back calls) / reps, in microseconds.
+double time_us(cudaStream_t s, int reps, const std::function<void()>& launch) {
+  cudaEvent_t a, b;
+  GPU_CHECK(cudaEventCreate(&a));
+  GPU_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<double> t;
+  for (int sample = 0; sample < 5; ++sample) {
+    GPU_CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < reps; ++i) launch();
+    GPU_CHECK(cudaEventRecord(b, s));
+    GPU_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    GPU_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1e3 * ms / reps);
+  }
+  GPU_CHECK(cudaEventDestroy(a));
+  GPU_CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+// Same, with `reps` launches captured in one CUDA graph.
+double graph_us(cudaStream_t s, int reps, const std::function<void()>& launch) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) launch();
+  GPU_CHECK(cudaStreamEndCapture(s, &g));
+  GPU_CHECK(cudaGraphInstantiate(&e, g, 0));
+  const double us = time_us(s, 1, [&] { GPU_CHECK(cudaGraphLaunch(e, s)); }) / reps;
+  GPU_CHECK(cudaGraphExecDestroy(e));
+  GPU_CHECK(cudaGraphDestroy(g));
+  return us;
+}
+
+double cpu_us(int reps, const std::function<void()>& f) {
+  f();
+  std::vector<double> t;
+  for (int sample = 0; sample < 5; ++sample) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
+  }
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+template <class T>
+bool same(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+double copy_bandwidth_tbs(cudaStream_t s) {
+  const size_t bytes = size_t(2) << 30;
+  DevBuf<char> a(bytes), b(bytes);
+  a.poison(1);
+  const double us = time_us(s, 5, [&] { GPU_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s)); });
+  return 2.0 * bytes / (us * 1e-6) / 1e12;
+}
+
+void bench_topk(cudaStream_t s, double copy_tbs, bool quick) {
+  std::printf("\n## top-K over a vocabulary shard (rows = batch x draft positions), f32 logits\n");
+  std::printf("| rows | vocab | k | us | GB/s | fraction of copy BW | ids = CPU twin |\n|---|---|---|---|---|---|---|\n");
+  struct C { int rows, vocab, k; };
+  std::vector<C> cases = {{512, 163840, 64}, {512, 163840, 512}, {64, 163840, 64}, {8, 163840, 64},
+                          {512, 20480, 64}, {512, 20480, 512}};
+  if (quick) cases.resize(2);
+  std::mt19937_64 rng(1);
+  for (auto c : cases) {
+    auto x = test::random_logits(rng, c.rows, c.vocab, 0.05f, 0.0f, 3.0f);
+    DevBuf<float> dx(x), dv(size_t(c.rows) * c.k), dl(c.rows);
+    DevBuf<int32_t> di(size_t(c.rows) * c.k);
+    DevBuf<uint32_t> ds(1);
+    ds.poison(0);
+    ddt_topk_shard_params p{dx.ptr, c.vocab, c.rows, c.vocab, 0, c.k, dv.ptr, di.ptr, dl.ptr, ds.ptr};
+    BENCH_OK(ddt_topk_shard_cuda(&p, s));
+    std::vector<float> hv(size_t(c.rows) * c.k), hl(c.rows);
+    std::vector<int32_t> hi(size_t(c.rows) * c.k);
+    uint32_t hs = 0;
+    ddt_topk_shard_params hp{x.data(), c.vocab, c.rows, c.vocab, 0, c.k, hv.data(), hi.data(), hl.data(), &hs};
+    BENCH_OK(ddt_topk_shard_cpu(&hp));
+    const bool ok = same(di.download(), hi) && same(dv.download(), hv);
+    g_wrong += !ok;
+    const double bytes = double(c.rows) * c.vocab * 4;
+    const int reps = std::max(3, int(2e-3 / (bytes / 3e12)));
+    const double us = time_us(s, reps, [&] { BENCH_OK(ddt_topk_shard_cuda(&p, s)); });
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    // A read-only kernel's ceiling is the read half of a copy's bytes/s at the same total rate.
+    std::printf("| %d | %d | %d | %.1f | %.0f | %.2f | %s |\n", c.rows, c.vocab, c.k, us, gbs, gbs / (copy_tbs * 1e3),
+                ok ? "yes" : "NO");
+  }
+}
+
+void bench_tree_and_accept(cudaStream_t s, bool quick) {
+  std::printf("\n## tree build (DDTree best-first) and accept walk; depth L = 16, K = min(budget, 1024)\n");
+  std::printf("| batch | budget | build us | build graph us | CPU heap us | speedup | walk us | walk graph us | CPU walk us | tree = CPU twin |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  const int L = 16, V = 32000;
+  std::vector<int> batches = {1, 8, 64}, budgets = {16, 64, 256, 512};
+  if (quick) { batches = {64}; budgets = {64}; }
+  std::mt19937_64 rng(2);
+  for (int batch : batches)
+    for (int B : budgets) {
+      const int K = std::min(B, 1024), N = B + 1, mp = L + 1;
+      auto d = test::random_draft(rng, batch, L, K, V, 0.1f, 0.0f, 3.0f);
+      std::vector<int32_t> roots(batch, 5), prefix(batch, 1000), maxnew(batch, 1 << 20);
+      test::Tree h(batch, B);
+      auto hp = h.params(d, roots, prefix, B);
+      const double cpu = cpu_us(batch >= 64 ? 5 : 50, [&] { BENCH_OK(ddt_tree_build_cpu(&hp)); });
+      DevBuf<float> dlp(d.lp);
+      DevBuf<int32_t> dids(d.ids), droots(roots), dprefix(prefix), dtok(size_t(batch) * N), dpar(size_t(batch) * N),
+          ddep(size_t(batch) * N), dslot(size_t(batch) * N), dpos(size_t(batch) * N), dfc(size_t(batch) * N),
+          dns(size_t(batch) * N), dcnt(batch);
+      DevBuf<float> dsc(size_t(batch) * N);
+      DevBuf<uint64_t> dvis(size_t(batch) * N * ((N + 63) / 64));
+      DevBuf<uint32_t> dst(1);
+      dst.poison(0);
+      ddt_tree_build_params p{dlp.ptr, dids.ptr, droots.ptr, dprefix.ptr, batch, L, K, B, dtok.ptr, dpar.ptr, ddep.ptr,
+                              dsc.ptr, dslot.ptr, dpos.ptr, dvis.ptr, dfc.ptr, dns.ptr, dcnt.ptr, dst.ptr};
+      BENCH_OK(ddt_tree_build_cuda(&p, s));
+      const bool ok = same(dtok.download(), h.tokens) && same(dpar.download(), h.parents) &&
+                      same(dvis.download(), h.vis) && same(dns.download(), h.next_sibling) &&
+                      same(dsc.download(), h.scores) && same(dcnt.download(), h.node_count);
+      g_wrong += !ok;
+      const double gpu = time_us(s, 200, [&] { BENCH_OK(ddt_tree_build_cuda(&p, s)); });
+      const double gg = graph_us(s, 50, [&] { BENCH_OK(ddt_tree_build_cuda(&p, s)); });
+      // Accept: keys that follow each node's first child (long accepted paths: the walk's worst case).
+      std::vector<uint64_t> keys(size_t(batch) * N);
+      for (int b = 0; b < batch; ++b)
+        for (int i = 0; i < N; ++i) {
+          const int fc = h.first_child[size_t(b) * N + i];
+          keys[size_t(b) * N + i] = ddt_pack_key(1.0f, fc >= 0 ? h.tokens[size_t(b) * N + fc] : 7);
+        }
+      std::vector<int32_t> path(size_t(batch) * mp), nt(size_t(batch) * mp), pl(batch), nn(batch), bo(batch), fi(batch);
+      uint32_t hs = 0;
+      ddt_accept_params ah{keys.data(), h.tokens.data(), h.parents.data(), h.node_count.data(), batch, N, mp,
+                           maxnew.data(), nullptr, 0, path.data(), pl.data(), nt.data(), nn.data(), bo.data(), fi.data(), &hs};
+      const double cpu_walk = cpu_us(50, [&] { BENCH_OK(ddt_accept_cpu(&ah)); });
+      DevBuf<uint64_t> dkeys(keys);
+      DevBuf<int32_t> dmax(maxnew), dpath(path.size()), dnt(nt.size()), dpl(batch), dnn(batch), dbo(batch), dfi(batch);
+      ddt_accept_params ag{dkeys.ptr, dtok.ptr, dpar.ptr, dcnt.ptr, batch, N, mp, dmax.ptr, nullptr, 0, dpath.ptr,
+                           dpl.ptr, dnt.ptr, dnn.ptr, dbo.ptr, dfi.ptr, dst.ptr};
+      BENCH_OK(ddt_accept_cuda(&ag, s));
+      const bool ok2 = same(dpath.download(), path) && same(dnt.download(), nt) && same(dbo.download(), bo);
+      g_wrong += !ok2;
+      const double walk = time_us(s, 200, [&] { BENCH_OK(ddt_accept_cuda(&ag, s)); });
+      const double wg = graph_us(s, 50, [&] { BENCH_OK(ddt_accept_cuda(&ag, s)); });
+      std::printf("| %d | %d | %.2f | %.2f | %.1f | %.1fx | %.2f | %.2f | %.2f | %s |\n", batch, B, gpu, gg, cpu, cpu / gg,
+                  walk, wg, cpu_walk, ok && ok2 ? "yes" : "NO");
+    }
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  if (!ddt_cuda_available()) {
+    std::printf("bench_kernels: no GPU visible; nothing to measure\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_tbs = copy_bandwidth_tbs(s);
+  std::printf("# bench_kernels on %s (%d SMs); device copy %.2f TB/s (read + write, same run)\n", prop.name,
+              prop.multiProcessorCount, copy_tbs);
+  bench_topk(s, copy_tbs, quick);
+  bench_tree_and_accept(s, quick);
+  std::printf("\nwrong results: %d\n", g_wrong);
+  return g_wrong ? 1 : 0;
+}

@@ -1,0 +1,46 @@
+// Device-buffer helpers for the GPU tests and benchmarks (host-side code linked with the CUDA runtime).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define GPU_CHECK(call)                                                                              \
+  do {                                                                                               \
+    cudaError_t e_ = (call);                                                                         \
+    if (e_ != cudaSuccess) {                                                                         \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::abort();                                                                                  \
+    }                                                                                                \
+  } while (0)
+
+namespace ddtree::test {
+
+// A device array of T that can be filled from / read into host vectors, and poisoned with a byte value.
+template <class T>
+struct DevBuf {
+  T* ptr = nullptr;
+  size_t n = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t count) : n(count) { GPU_CHECK(cudaMalloc(&ptr, (n ? n : 1) * sizeof(T))); }
+  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { upload(h); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : ptr(o.ptr), n(o.n) { o.ptr = nullptr; o.n = 0; }
+  DevBuf& operator=(DevBuf&& o) noexcept { std::swap(ptr, o.ptr); std::swap(n, o.n); return *this; }
+  ~DevBuf() { if (ptr) cudaFree(ptr); }
+  void upload(const std::vector<T>& h, cudaStream_t s = nullptr) {
+    GPU_CHECK(cudaMemcpyAsync(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void poison(int byte = 0xFF) { GPU_CHECK(cudaMemset(ptr, byte, n * sizeof(T))); }
+};
+
+}  // namespace ddtree::test
