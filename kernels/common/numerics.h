@@ -43,11 +43,12 @@ DDT_HD bool is_nan(float x) { return (f32_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; 
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// Order-preserving map f32 -> u32: a < b  <=>  order_bits(a) < order_bits(b) (with -0 < +0).
-// NaN maps like -inf (callers flag it). The smallest image, order_bits(-inf) = 0x007FFFFF, is > 0, so a
+// Order-preserving map f32 -> u32: a < b  <=>  order_bits(a) < order_bits(b), and -0 == +0 (as for
+// plain argmax, so ties between them go to the smaller id). NaN maps like -inf (callers flag it). The smallest image, order_bits(-inf) = 0x007FFFFF, is > 0, so a
 // packed key of 0 is below every real key and marks "empty".
 DDT_HD uint32_t order_bits(float x) {
   if (is_nan(x)) x = kNegInf;
+  if (x == 0.0f) x = 0.0f;  // -0 -> +0
   const uint32_t u = f32_bits(x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }

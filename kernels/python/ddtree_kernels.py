@@ -1,0 +1,269 @@
+"""ddtree_kernels: Python bindings (ctypes) for ddtree-engine's kernel C ABI (kernels/include/ddtree/kernels.h).
+
+How an engine such as SGLang or vLLM would call these kernels, and how the tests compare them against
+independent references. Arrays are numpy arrays (host, CPU twins) or PyTorch tensors (CUDA tensors run
+the CUDA kernels on the current stream; CPU tensors run the CPU twins). Outputs are allocated with the
+input's library and device. Errors raise DDTreeError with the library's message.
+
+    import ddtree_kernels as dk
+    vals, ids, lse = dk.topk_shard(logits, k=64)            # [rows, vocab] -> [rows, k], [rows, k], [rows]
+    lp, ids = dk.topk_combine(vals[None], ids[None], lse[None])
+    tree = dk.tree_build(lp.reshape(B, L, k), ids.reshape(B, L, k), roots, prefix_lens, budget=64)
+    keys = dk.sample_keys(target_logits, tree["positions"], seeds, temperature=0.0)
+    out = dk.accept(keys, tree, max_path=L + 1, max_new=max_new, stop_ids=stops)
+
+The library is found through $DDTREE_KERNELS_LIB, else build*/lib/libddtree_kernels.so under the repo.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import numpy as np
+
+try:  # optional: PyTorch tensors (GPU machine)
+    import torch  # type: ignore
+except Exception:  # pragma: no cover - torch is optional
+    torch = None
+
+_c_float_p = ctypes.c_void_p
+
+
+class DDTreeError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{message} (status {status})")
+        self.status = status
+
+
+class _TopkShard(ctypes.Structure):
+    _fields_ = [("logits", ctypes.c_void_p), ("ld", ctypes.c_int64), ("rows", ctypes.c_int), ("vocab", ctypes.c_int),
+                ("vocab_offset", ctypes.c_int), ("k", ctypes.c_int), ("out_values", ctypes.c_void_p),
+                ("out_ids", ctypes.c_void_p), ("out_lse", ctypes.c_void_p), ("status", ctypes.c_void_p)]
+
+
+class _TopkCombine(ctypes.Structure):
+    _fields_ = [("values", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+                ("shards", ctypes.c_int), ("rows", ctypes.c_int), ("k", ctypes.c_int),
+                ("out_logprobs", ctypes.c_void_p), ("out_ids", ctypes.c_void_p)]
+
+
+class _TreeBuild(ctypes.Structure):
+    _fields_ = [("logprobs", ctypes.c_void_p), ("token_ids", ctypes.c_void_p), ("root_tokens", ctypes.c_void_p),
+                ("prefix_lens", ctypes.c_void_p), ("batch", ctypes.c_int), ("depth", ctypes.c_int),
+                ("k", ctypes.c_int), ("budget", ctypes.c_int)] + [
+                   (n, ctypes.c_void_p) for n in ("tokens", "parents", "depths", "scores", "slots", "positions", "vis",
+                                                  "first_child", "next_sibling", "node_count", "status")]
+
+
+class _SampleKeys(ctypes.Structure):
+    _fields_ = [("logits", ctypes.c_void_p), ("ld", ctypes.c_int64), ("batch", ctypes.c_int), ("nodes", ctypes.c_int),
+                ("vocab", ctypes.c_int), ("vocab_offset", ctypes.c_int), ("positions", ctypes.c_void_p),
+                ("seeds", ctypes.c_void_p), ("temperature", ctypes.c_float), ("out_keys", ctypes.c_void_p),
+                ("status", ctypes.c_void_p)]
+
+
+class _Accept(ctypes.Structure):
+    _fields_ = [("keys", ctypes.c_void_p), ("tokens", ctypes.c_void_p), ("parents", ctypes.c_void_p),
+                ("node_count", ctypes.c_void_p), ("batch", ctypes.c_int), ("n", ctypes.c_int),
+                ("max_path", ctypes.c_int), ("max_new", ctypes.c_void_p), ("stop_ids", ctypes.c_void_p),
+                ("num_stop", ctypes.c_int)] + [
+                   (n, ctypes.c_void_p) for n in ("path", "path_len", "new_tokens", "num_new", "bonus", "finished",
+                                                  "status")]
+
+
+_lib = None
+
+
+def library_path() -> str:
+    env = os.environ.get("DDTREE_KERNELS_LIB")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    found = sorted(glob.glob(os.path.join(root, "build*", "lib", "libddtree_kernels.so")), key=os.path.getmtime)
+    if not found:
+        raise FileNotFoundError("libddtree_kernels.so not found: build the project or set DDTREE_KERNELS_LIB")
+    return found[-1]
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        _lib = ctypes.CDLL(library_path())
+        _lib.ddt_last_error_message.restype = ctypes.c_char_p
+        _lib.ddt_status_string.restype = ctypes.c_char_p
+        _lib.ddt_gumbel.restype = ctypes.c_float
+        _lib.ddt_gumbel.argtypes = [ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32]
+        for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept"):
+            getattr(_lib, f"ddt_{name}_cpu").argtypes = [ctypes.c_void_p]
+            getattr(_lib, f"ddt_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return _lib
+
+
+def cuda_available() -> bool:
+    return bool(lib().ddt_cuda_available())
+
+
+# ---- array helpers: numpy or torch, host or device ----
+def _is_torch(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_cuda(x) -> bool:
+    return _is_torch(x) and x.is_cuda
+
+
+_NP = {"f32": np.float32, "i32": np.int32, "u64": np.uint64, "u32": np.uint32}
+
+
+def _torch_dtype(kind):
+    return {"f32": torch.float32, "i32": torch.int32, "u64": torch.uint64, "u32": torch.uint32}[kind]
+
+
+def _like(ref, shape, kind, fill=None):
+    if _is_torch(ref):
+        if fill == 0:
+            return torch.zeros(shape, dtype=_torch_dtype(kind), device=ref.device)
+        t = torch.empty(shape, dtype=_torch_dtype(kind), device=ref.device)
+        if fill is not None:
+            t.fill_(fill)
+        return t
+    a = np.empty(shape, dtype=_NP[kind])
+    if fill is not None:
+        a.fill(fill)
+    return a
+
+
+def _as(ref, x, kind):
+    """x converted to the library/device of ref with dtype kind, contiguous."""
+    if _is_torch(ref):
+        if not _is_torch(x):
+            x = torch.as_tensor(np.asarray(x, dtype=_NP[kind]))
+        return x.to(device=ref.device, dtype=_torch_dtype(kind)).contiguous()
+    if _is_torch(x):
+        x = x.cpu().numpy()
+    return np.ascontiguousarray(x, dtype=_NP[kind])
+
+
+def _ptr(x) -> int:
+    if x is None:
+        return 0
+    return x.data_ptr() if _is_torch(x) else x.ctypes.data
+
+
+def _call(name: str, params, ref):
+    L = lib()
+    if _is_cuda(ref):
+        stream = torch.cuda.current_stream(ref.device).cuda_stream
+        rc = getattr(L, f"ddt_{name}_cuda")(ctypes.byref(params), ctypes.c_void_p(stream))
+    else:
+        rc = getattr(L, f"ddt_{name}_cpu")(ctypes.byref(params))
+    if rc != 0:
+        raise DDTreeError(rc, f"ddt_{name}: {L.ddt_status_string(rc).decode()}: {L.ddt_last_error_message().decode()}")
+
+
+def _status_word(ref):
+    return _like(ref, (1,), "u32", 0)
+
+
+def to_numpy(x) -> np.ndarray:
+    """Host numpy copy of a numpy array or torch tensor (unsigned torch dtypes through a same-size view)."""
+    if not _is_torch(x):
+        return np.asarray(x)
+    x = x.detach().cpu()
+    if x.dtype == torch.uint64:
+        return x.view(torch.int64).numpy().view(np.uint64)
+    if x.dtype == torch.uint32:
+        return x.view(torch.int32).numpy().view(np.uint32)
+    return x.numpy()
+
+
+def status_value(st) -> int:
+    return int(to_numpy(st)[0])
+
+
+# ---- kernels ----
+def topk_shard(logits, k: int, vocab_offset: int = 0, status=None):
+    """[rows, vocab] f32 -> (values [rows, k] f32, ids [rows, k] i32, lse [rows] f32). Rows may be strided."""
+    rows, vocab = logits.shape
+    ld = logits.stride(0) if _is_torch(logits) else logits.strides[0] // logits.itemsize
+    if (_is_torch(logits) and logits.stride(1) != 1) or (not _is_torch(logits) and logits.strides[1] != logits.itemsize):
+        logits = _as(logits, logits, "f32")
+        ld = vocab
+    vals, ids, lse = _like(logits, (rows, k), "f32"), _like(logits, (rows, k), "i32"), _like(logits, (rows,), "f32")
+    st = status if status is not None else _status_word(logits)
+    p = _TopkShard(_ptr(logits), ld, rows, vocab, vocab_offset, k, _ptr(vals), _ptr(ids), _ptr(lse), _ptr(st))
+    _call("topk_shard", p, logits)
+    return vals, ids, lse
+
+
+def topk_combine(values, ids, lse):
+    """[S, rows, k] values / ids and [S, rows] lse -> (logprobs [rows, k], ids [rows, k])."""
+    S, rows, k = values.shape
+    values, ids, lse = _as(values, values, "f32"), _as(values, ids, "i32"), _as(values, lse, "f32")
+    out_lp, out_ids = _like(values, (rows, k), "f32"), _like(values, (rows, k), "i32")
+    p = _TopkCombine(_ptr(values), _ptr(ids), _ptr(lse), S, rows, k, _ptr(out_lp), _ptr(out_ids))
+    _call("topk_combine", p, values)
+    return out_lp, out_ids
+
+
+def tree_build(logprobs, token_ids, root_tokens, prefix_lens, budget: int, status=None) -> dict:
+    """[batch, depth, k] log-probs / ids + [batch] roots, prefix lens -> dict of tree arrays (N = budget + 1)."""
+    batch, depth, k = logprobs.shape
+    ref = logprobs
+    logprobs, token_ids = _as(ref, logprobs, "f32"), _as(ref, token_ids, "i32")
+    root_tokens, prefix_lens = _as(ref, root_tokens, "i32"), _as(ref, prefix_lens, "i32")
+    n = budget + 1
+    w = (n + 63) // 64
+    out = {name: _like(ref, (batch, n), "i32") for name in
+           ("tokens", "parents", "depths", "slots", "positions", "first_child", "next_sibling")}
+    out["scores"] = _like(ref, (batch, n), "f32")
+    out["vis"] = _like(ref, (batch, n, w), "u64")
+    out["node_count"] = _like(ref, (batch,), "i32")
+    st = status if status is not None else _status_word(ref)
+    p = _TreeBuild(_ptr(logprobs), _ptr(token_ids), _ptr(root_tokens), _ptr(prefix_lens), batch, depth, k, budget,
+                   *[_ptr(out[f]) for f in ("tokens", "parents", "depths", "scores", "slots", "positions", "vis",
+                                            "first_child", "next_sibling", "node_count")], _ptr(st))
+    _call("tree_build", p, ref)
+    out["status"] = st
+    return out
+
+
+def sample_keys(logits, positions, seeds, temperature: float, vocab_offset: int = 0, status=None):
+    """[batch, nodes, vocab] f32 logits + [batch, nodes] positions + [batch] seeds -> [batch, nodes] u64 keys."""
+    batch, nodes, vocab = logits.shape
+    logits = _as(logits, logits, "f32")
+    positions = _as(logits, positions, "i32")
+    seeds = _as(logits, seeds, "u64") if seeds is not None else None
+    keys = _like(logits, (batch, nodes), "u64")
+    st = status if status is not None else _status_word(logits)
+    p = _SampleKeys(_ptr(logits), vocab, batch, nodes, vocab, vocab_offset, _ptr(positions), _ptr(seeds),
+                    float(temperature), _ptr(keys), _ptr(st))
+    _call("sample_keys", p, logits)
+    return keys
+
+
+def accept(keys, tree: dict, max_path: int, max_new, stop_ids=(), status=None) -> dict:
+    """Walks each tree with the per-node target keys. Returns path, path_len, new_tokens, num_new, bonus, finished."""
+    batch, n = keys.shape
+    ref = keys
+    tokens, parents = _as(ref, tree["tokens"], "i32"), _as(ref, tree["parents"], "i32")
+    count = _as(ref, tree["node_count"], "i32")
+    max_new = _as(ref, max_new, "i32")
+    stops = _as(ref, list(stop_ids), "i32") if len(stop_ids) else None
+    out = {"path": _like(ref, (batch, max_path), "i32"), "new_tokens": _like(ref, (batch, max_path), "i32")}
+    for f in ("path_len", "num_new", "bonus", "finished"):
+        out[f] = _like(ref, (batch,), "i32")
+    st = status if status is not None else _status_word(ref)
+    p = _Accept(_ptr(keys), _ptr(tokens), _ptr(parents), _ptr(count), batch, n, max_path, _ptr(max_new), _ptr(stops),
+                len(stop_ids), _ptr(out["path"]), _ptr(out["path_len"]), _ptr(out["new_tokens"]),
+                _ptr(out["num_new"]), _ptr(out["bonus"]), _ptr(out["finished"]), _ptr(st))
+    _call("accept", p, ref)
+    out["status"] = st
+    return out
+
+
+def key_token(keys):
+    """Token id packed in argmax keys (u64)."""
+    keys = to_numpy(keys)
+    return (np.uint64(0xFFFFFFFF) - (np.asarray(keys, dtype=np.uint64) & np.uint64(0xFFFFFFFF))).astype(np.int64)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one device call: kernel tests vs the CPU twins, the Python references
+# with PyTorch CUDA tensors, the demo on cuda, and the kernel benchmark. Expects the binaries built on the
+# dev machine in .gpu-carry/ (tests/gpu/pack.sh makes it); writes logs under $OUT (or ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+c=.gpu-carry
+export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
+export DDTREE_KERNELS_LIB=$PWD/$c/lib/libddtree_kernels.so
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$out/gpu.txt"
+declare -A rc
+step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the exit code
+  local name=$1; shift
+  echo "== $name"
+  "$@" > "$out/$name.log" 2>&1
+  rc[$name]=$?
+  tail -n ${TAIL:-25} "$out/$name.log"
+}
+step gpu_tests "$c/test_kernels_gpu"
+step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
+step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
+if [ "${SKIP_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | sed 's/^/after: /' | tee -a "$out/gpu.txt"
+echo "== summary"
+fail=0
+for k in "${!rc[@]}"; do echo "$k: exit ${rc[$k]}"; [ "${rc[$k]}" = 0 ] || fail=1; done
+exit $fail
