@@ -91,6 +91,32 @@ DDT_HD float portable_log(float x) {
   return DDT_ADD(DDT_MUL(float(e), 0.693147182f), ln_m);
 }
 
+// floor(x) as an int for |x| < 2^31, from a truncating conversion (exact on both sides).
+DDT_HD int floor_to_int(float x) {
+  const int t = int(x);
+  return (float(t) > x) ? t - 1 : t;
+}
+
+// e^y for y <= 0 from +, *, / and exponent bits (bitwise identical on host and device). y = k ln2 + r with
+// |r| <= ln2 / 2 (Cody-Waite split of ln2), e^r by its Taylor series to r^8 (truncation < 1e-8 relative),
+// scaled by 2^k; y < -87 (below the normal range) gives 0. Relative error ~2e-7.
+DDT_HD float portable_exp(float y) {
+  if (!(y > -87.0f)) return 0.0f;  // also NaN -> 0
+  if (y > 0.0f) y = 0.0f;
+  const int k = floor_to_int(DDT_ADD(DDT_MUL(y, 1.44269504f), 0.5f));
+  const float kf = float(k);
+  const float r = DDT_ADD(DDT_ADD(y, -DDT_MUL(kf, 0.693145752f)), -DDT_MUL(kf, 1.42860677e-06f));
+  float p = DDT_ADD(DDT_MUL(r, 1.0f / 40320.0f), 1.0f / 5040.0f);
+  p = DDT_ADD(DDT_MUL(p, r), 1.0f / 720.0f);
+  p = DDT_ADD(DDT_MUL(p, r), 1.0f / 120.0f);
+  p = DDT_ADD(DDT_MUL(p, r), 1.0f / 24.0f);
+  p = DDT_ADD(DDT_MUL(p, r), 1.0f / 6.0f);
+  p = DDT_ADD(DDT_MUL(p, r), 0.5f);
+  p = DDT_ADD(DDT_MUL(p, r), 1.0f);
+  p = DDT_ADD(DDT_MUL(p, r), 1.0f);              // e^r in [0.70, 1.42]
+  return DDT_MUL(p, bits_f32(uint32_t(k + 127) << 23));  // k in [-126, 0]: 2^k is a normal float
+}
+
 // Gumbel(0, 1) noise keyed by (request seed, absolute output position, token id): the same numbers on
 // every backend, rank and step, so speculative sampling draws exactly what plain sampling draws.
 // u = (2 j + 1) 2^-24 with j a 23-bit hash: exact in f32, strictly inside (0, 1).

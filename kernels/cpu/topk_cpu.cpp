@@ -26,9 +26,9 @@ extern "C" int ddt_topk_shard_cpu(const ddt_topk_shard_params* p) {
       if (!num::is_nan(x[v]) && x[v] > m) m = x[v];
     }
     if (nan) *p->status |= DDT_DATA_NAN_LOGIT;
-    double sum = 0.0;  // in column order
+    uint64_t sum = 0;  // exact integer sum: order-free
     if (m != num::kNegInf)
-      for (int v = 0; v < p->vocab; ++v) sum += kern::exp_term(x[v], m);
+      for (int v = 0; v < p->vocab; ++v) sum += kern::exp_fixed(x[v], m);
     p->out_lse[r] = kern::finish_lse(m, sum);
     const int take = std::min(p->k, p->vocab);
     std::partial_sort(keys.begin(), keys.begin() + take, keys.end(), std::greater<uint64_t>());
@@ -52,9 +52,9 @@ extern "C" int ddt_topk_combine_cpu(const ddt_topk_combine_params* p) {
   for (int r = 0; r < p->rows; ++r) {
     float m = num::kNegInf;
     for (int s = 0; s < p->shards; ++s) m = std::max(m, p->lse[int64_t(s) * p->rows + r]);
-    double sum = 0.0;  // in shard order
+    uint64_t sum = 0;
     if (m != num::kNegInf)
-      for (int s = 0; s < p->shards; ++s) sum += kern::exp_term_d(p->lse[int64_t(s) * p->rows + r], m);
+      for (int s = 0; s < p->shards; ++s) sum += kern::exp_fixed(p->lse[int64_t(s) * p->rows + r], m);
     const float lse = kern::finish_lse(m, sum);
     cand.clear();
     for (int s = 0; s < p->shards; ++s)

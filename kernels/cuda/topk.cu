@@ -6,7 +6,8 @@
 //            buffer (2048), one pass collects them and a bitonic sort of (key, ~column) composites gives
 //            (logit desc, id asc); otherwise refine on bits [20:10], then [9:0] (exact threshold T), and
 //            take the columns == T in column order (smallest ids) with an ordered block scan;
-//   the first pass after A also sums exp(x - max) in f64 (the CPU twin's formula, another order).
+//   the first pass after A also sums e^(x - max) as exact fixed-point integers (topk_math.h), so the
+//   lse is bitwise the CPU twin's whatever the summation order.
 // Typical logits take 2 passes over the row (the second mostly from L2).
 // topk_combine: one CTA per row; each candidate's output rank is its index in its own sorted list plus,
 // for every other shard, the count of entries that beat it (binary search), so no merge loop is serial.
@@ -33,7 +34,7 @@ struct TopkSmem {
   uint64_t cand[kCap];
   uint32_t warp_u[kWarps];
   float warp_f[kWarps];
-  double warp_d[kWarps];
+  unsigned long long warp_d[kWarps];
   int sel_digit;
   uint32_t sel_gt;  // keys above the selected bin (cumulative over levels)
   uint32_t sel_in;  // keys inside the selected bin
@@ -63,12 +64,13 @@ __device__ float block_max_f(float v, TopkSmem& s) {
   return m;
 }
 
-// Sum in a fixed order: warp tree, then warps in index order.
-__device__ double block_sum_d(double v, TopkSmem& s) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  if ((threadIdx.x & 31) == 0) s.warp_d[threadIdx.x >> 5] = v;
+// Integer sum over the block (exact).
+__device__ uint64_t block_sum_u64(uint64_t v, TopkSmem& s) {
+  unsigned long long u = v;
+  for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
+  if ((threadIdx.x & 31) == 0) s.warp_d[threadIdx.x >> 5] = u;
   __syncthreads();
-  double t = 0.0;
+  uint64_t t = 0;
   for (int w = 0; w < kWarps; ++w) t += s.warp_d[w];
   __syncthreads();
   return t;
@@ -137,9 +139,9 @@ __global__ void __launch_bounds__(kThreads) topk_shard_kernel(ddt_topk_shard_par
   if (__syncthreads_or(nan) && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
   m = block_max_f(m, s);
 
-  double sum = 0.0;
+  uint64_t sum = 0;
   bool summed = false;
-  auto add_exp = [&](float x) { sum += exp_term(x, m); };
+  auto add_exp = [&](float x) { sum += exp_fixed(x, m); };
 
   // Radix levels: (shift, bits). lo..hi: the key range of the selected bin.
   uint32_t prefix = 0, prefix_mask = 0, gt = 0;
@@ -217,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) topk_shard_kernel(ddt_topk_shard_par
   for (int i = count + threadIdx.x; i < n2; i += kThreads) s.cand[i] = 0;
   __syncthreads();
   sort_desc(s, n2);
-  const double total = block_sum_d(sum, s);
+  const uint64_t total = block_sum_u64(sum, s);
   if (threadIdx.x == 0) p.out_lse[r] = finish_lse(m, total);
   for (int j = threadIdx.x; j < p.k; j += kThreads) {
     const int64_t o = int64_t(r) * p.k + j;
@@ -248,9 +250,9 @@ __global__ void __launch_bounds__(kCombineThreads) topk_combine_kernel(ddt_topk_
   if (threadIdx.x == 0) {
     float m = num::kNegInf;
     for (int s = 0; s < S; ++s) m = fmaxf(m, p.lse[int64_t(s) * p.rows + r]);
-    double sum = 0.0;
+    uint64_t sum = 0;
     if (m != num::kNegInf)
-      for (int s = 0; s < S; ++s) sum += exp_term_d(p.lse[int64_t(s) * p.rows + r], m);
+      for (int s = 0; s < S; ++s) sum += exp_fixed(p.lse[int64_t(s) * p.rows + r], m);
     lse_s = finish_lse(m, sum);
   }
   __syncthreads();

@@ -5,11 +5,12 @@
 // pop is two warp max-reductions (__reduce_max_sync on the key's high then low half) plus a ballot. The
 // key is (order bits of the score) << 32 | (0xFFFFFFFF - push sequence number): the same total order as
 // the CPU heap, so pops happen in the same order and the trees are bitwise identical. Log-probs are staged
-// in shared memory first so the serial loop never waits on global memory; afterwards all 128 threads
-// write the outputs (tokens, slots, positions, ancestor bitmask rows) in parallel.
+// in shared memory first so the serial loop never waits on global memory; every lane executes the same
+// bookkeeping (no divergent lane-0 branch); afterwards all 128 threads derive the child lists and write
+// the outputs (tokens, slots, positions, ancestor bitmask rows) in parallel.
 //
-// Shared memory: lp [min(L, B+1), min(K, B+1)] f32 + frontier (B+1 rounded to 32) x 12 B + 5 x N x 4 B;
-// about 82 KB at B = 512, L = 32 (opt-in above 48 KB; <= 99 KB so it also fits sm_120).
+// Shared memory: lp [min(L, B+1), min(K, B+1)] f32 + frontier (B+1 rounded to 32) x 16 B + 6 x N x 4 B;
+// about 86 KB at B = 512, L = 32 (opt-in above 48 KB; <= 99 KB so it also fits sm_120).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -26,7 +27,7 @@ constexpr int kThreads = 128;
 
 struct TreeSmemPlan {
   int Lc, Kc, cap, N;
-  size_t off_key, off_pay, off_lp, off_node_pay, off_score, off_par, off_fc, off_ns, off_last, bytes;
+  size_t off_key, off_pay, off_prev, off_lp, off_node_pay, off_score, off_par, off_fc, off_ns, off_node_prev, bytes;
 };
 
 __host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget) {
@@ -38,13 +39,14 @@ __host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget) {
   size_t o = 0;
   t.off_key = o; o += size_t(t.cap) * 8;
   t.off_pay = o; o += size_t(t.cap) * 4;
+  t.off_prev = o; o += size_t(t.cap) * 4;
   t.off_lp = o; o += size_t(t.Lc) * t.Kc * 4;
   t.off_node_pay = o; o += size_t(t.N) * 4;
   t.off_score = o; o += size_t(t.N) * 4;
   t.off_par = o; o += size_t(t.N) * 4;
   t.off_fc = o; o += size_t(t.N) * 4;
   t.off_ns = o; o += size_t(t.N) * 4;
-  t.off_last = o; o += size_t(t.N) * 4;
+  t.off_node_prev = o; o += size_t(t.N) * 4;
   t.bytes = o;
   return t;
 }
@@ -61,14 +63,15 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
   int32_t* par_s = reinterpret_cast<int32_t*>(smem + t.off_par);
   int32_t* fc_s = reinterpret_cast<int32_t*>(smem + t.off_fc);
   int32_t* ns_s = reinterpret_cast<int32_t*>(smem + t.off_ns);
-  int32_t* last_s = reinterpret_cast<int32_t*>(smem + t.off_last);
+  int32_t* fr_prev = reinterpret_cast<int32_t*>(smem + t.off_prev);       // item's previous sibling node
+  int32_t* node_prev = reinterpret_cast<int32_t*>(smem + t.off_node_prev);
   __shared__ int n_nodes;
 
   const int b = blockIdx.x, N = t.N, L = p.depth, K = p.k, B = p.budget, Kc = t.Kc;
   const float* lp = p.logprobs + int64_t(b) * L * K;
   for (int i = threadIdx.x; i < t.Lc * Kc; i += kThreads) lp_s[i] = lp[(i / Kc) * K + (i % Kc)];
   for (int i = threadIdx.x; i < t.cap; i += kThreads) fr_key[i] = 0;
-  for (int i = threadIdx.x; i < N; i += kThreads) { fc_s[i] = -1; ns_s[i] = -1; last_s[i] = -1; }
+  for (int i = threadIdx.x; i < N; i += kThreads) { fc_s[i] = -1; ns_s[i] = -1; }
   __syncthreads();
 
   if (threadIdx.x < 32) {
@@ -79,13 +82,13 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
     int n = 0, next_free = 1;
     uint64_t best = 0;  // best key among this lane's slots (lane + 32 j)
     int best_slot = 0;
-    node_score[0] = 0.0f;  // only lane 0 reads/writes node arrays before the next __syncwarp
+    node_score[0] = 0.0f;  // node arrays: every lane stores the same value (no divergent branch)
     {
       const float v = lp_s[0];
       nan |= num::is_nan(v);
       if (v > num::kNegInf) {
         const uint64_t key = item_key(v, seq++);
-        if (lane == 0) { fr_key[0] = key; fr_pay[0] = pack_item(0, 1, 0); best = key; }
+        if (lane == 0) { fr_key[0] = key; fr_pay[0] = pack_item(0, 1, 0); fr_prev[0] = -1; best = key; }
       }
     }
     __syncwarp();
@@ -98,22 +101,23 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
       const int owner = __ffs(__ballot_sync(kAll, best == key)) - 1;
       const int slot = __shfl_sync(kAll, best_slot, owner);
       const uint32_t pay = fr_pay[slot];
+      const int prev = fr_prev[slot];
       const float s = num::from_order_bits(mhi);
       const int pa = item_parent(pay), d = item_depth(pay), r = item_rank(pay);
       const int i = ++n;
-      if (lane == 0) {
-        node_pay[i] = pay;
-        node_score[i] = s;
-        if (last_s[pa] < 0) fc_s[pa] = i; else ns_s[last_s[pa]] = i;
-        last_s[pa] = i;
-      }
+      node_pay[i] = pay;
+      node_score[i] = s;
+      node_prev[i] = prev;
       // Pushes, in the CPU twin's order: next sibling, then first child.
       uint64_t k1 = 0, k2 = 0;
       uint32_t p1 = 0, p2 = 0;
+      int prev1 = -1;
       if (r + 1 < K) {
         const float v = lp_s[(d - 1) * Kc + r + 1];
         nan |= num::is_nan(v);
-        if (v > num::kNegInf) { k1 = item_key(DDT_ADD(node_score[pa], v), seq++); p1 = pack_item(pa, d, r + 1); }
+        if (v > num::kNegInf) {
+          k1 = item_key(DDT_ADD(node_score[pa], v), seq++); p1 = pack_item(pa, d, r + 1); prev1 = i;
+        }
       }
       if (d < L) {
         const float v = lp_s[d * Kc];
@@ -124,12 +128,12 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
           if (k1 == 0) { k1 = kc; p1 = pc; } else { k2 = kc; p2 = pc; }
         }
       }
-      // The popped slot takes the first push; a second push takes a fresh slot.
-      if (lane == owner) { fr_key[slot] = k1; fr_pay[slot] = p1; }
+      // The popped slot takes the first push; a second push (always a first child) takes a fresh slot.
+      if (lane == owner) { fr_key[slot] = k1; fr_pay[slot] = p1; fr_prev[slot] = prev1; }
       if (k2 != 0) {
         const int ns = next_free++;
         if (lane == (ns & 31)) {
-          fr_key[ns] = k2; fr_pay[ns] = p2;
+          fr_key[ns] = k2; fr_pay[ns] = p2; fr_prev[ns] = -1;
           if (lane != owner && k2 > best) { best = k2; best_slot = ns; }
         }
       }
@@ -148,6 +152,13 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
   __syncthreads();
 
   const int n = n_nodes;
+  // Child lists: siblings pop in rank order (rank r + 1 is pushed when rank r pops), so a parent's first
+  // child is its rank-0 child and a node's next sibling is the node whose item it pushed.
+  for (int i = 1 + threadIdx.x; i <= n; i += kThreads) {
+    if (item_rank(node_pay[i]) == 0) fc_s[item_parent(node_pay[i])] = i;
+    else ns_s[node_prev[i]] = i;
+  }
+  __syncthreads();
   const int32_t P = p.prefix_lens[b];
   const int32_t root = p.root_tokens[b];
   const int32_t* ids = p.token_ids + int64_t(b) * L * K;

@@ -1,5 +1,5 @@
-// GPU kernels against their CPU twins (ddtree/kernels.h): bitwise trees, exact ids and keys, lse within
-// a few ulp; random inputs with exact ties, -inf and NaN; many batch sizes, budgets, depths, vocabularies
+// GPU kernels against their CPU twins (ddtree/kernels.h): every output bitwise (ids, values, lse,
+// log-probs, trees, keys, walks); random inputs with exact ties, -inf and NaN; many batch sizes, budgets, depths, vocabularies
 // and shard counts; outputs poisoned before every run; the whole step pipeline captured in a CUDA graph
 // and replayed with new inputs written in place. Exits 77 (ctest: skipped) when no GPU is present.
 #include <gtest/gtest.h>
@@ -54,16 +54,6 @@ TopkOut topk_gpu(const std::vector<float>& x, int64_t ld, int rows, int vocab, i
   return o;
 }
 
-void expect_lse_close(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  ASSERT_EQ(gpu.size(), cpu.size());
-  for (size_t i = 0; i < gpu.size(); ++i) {
-    if (std::isinf(cpu[i])) { ASSERT_EQ(gpu[i], cpu[i]) << i; continue; }
-    ASSERT_FALSE(std::isnan(gpu[i])) << i;
-    const double ulp = std::ldexp(1.0, std::ilogb(std::max(1.0f, std::fabs(cpu[i]))) - 23);
-    ASSERT_LE(std::fabs(double(gpu[i]) - cpu[i]), 4 * ulp) << "lse row " << i;
-  }
-}
-
 }  // namespace
 
 struct TopkGpuCase { int rows, vocab, k; int64_t ld; float tie, ninf; };
@@ -79,7 +69,7 @@ TEST_P(TopkGpu, MatchesCpuTwin) {
   auto h = topk_cpu(x, ld, c.rows, c.vocab, 77, c.k);
   bitwise_equal(g.ids, h.ids, "ids");
   bitwise_equal(g.vals, h.vals, "values");
-  expect_lse_close(g.lse, h.lse);
+  bitwise_equal(g.lse, h.lse, "lse");
   EXPECT_EQ(g.status, h.status);
 }
 
@@ -99,7 +89,7 @@ TEST(TopkGpu, AllEqualRowUsesOrderedTieSelection) {
   auto h = topk_cpu(x, vocab, rows, vocab, 0, k);
   bitwise_equal(g.ids, h.ids, "ids");
   bitwise_equal(g.vals, h.vals, "values");
-  expect_lse_close(g.lse, h.lse);
+  bitwise_equal(g.lse, h.lse, "lse");
 }
 
 TEST(TopkGpu, CombineMatchesCpuAcrossShardCounts) {
@@ -131,7 +121,7 @@ TEST(TopkGpu, CombineMatchesCpuAcrossShardCounts) {
       ASSERT_EQ(ddt_topk_combine_cuda(&cg, nullptr), DDT_OK);
       SCOPED_TRACE(testing::Message() << "shards " << shards << " k " << k);
       bitwise_equal(did.download(), id_h, "combined ids");
-      expect_lse_close(dlp.download(), lp_h);  // log-probs: same formula, libm vs CUDA exp/log
+      bitwise_equal(dlp.download(), lp_h, "combined log-probs");
       // Unsharded top-K gives the same ids (the cross-shard contract).
       auto whole = topk_cpu(x, vocab, rows, vocab, 0, k);
       std::vector<float> lp1(size_t(rows) * k);
@@ -227,7 +217,7 @@ TEST_P(AcceptGpu, KeysAndWalkBitwiseEqualToCpuTwin) {
   for (int b = 0; b < c.batch; ++b)  // make acceptance happen: boost each node's first child token
     for (int i = 0; i < t.node_count[b]; ++i) {
       const int fc = t.first_child[size_t(b) * n + i];
-      if (fc >= 0 && rng() % 10 < 8) logits[(size_t(b) * n + i) * c.vocab + t.tokens[size_t(b) * n + fc]] = 9.0f;
+      if (fc >= 0 && rng() % 10 < 8) logits[(size_t(b) * n + i) * c.vocab + t.tokens[size_t(b) * n + fc]] = 40.0f;
     }
   logits[5] = std::nanf("");
   std::vector<uint64_t> seeds(c.batch);
@@ -278,7 +268,7 @@ TEST_P(AcceptGpu, KeysAndWalkBitwiseEqualToCpuTwin) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, AcceptGpu, ::testing::Values(
     AcceptCase{1, 16, 4, 100, 0.0f}, AcceptCase{8, 64, 8, 3000, 0.0f}, AcceptCase{64, 64, 8, 1000, 1.0f},
-    AcceptCase{13, 512, 32, 200, 0.7f}, AcceptCase{64, 256, 16, 32000, 0.0f}, AcceptCase{3, 100, 6, 163840, 1.3f}));
+    AcceptCase{13, 512, 32, 200, 0.7f}, AcceptCase{64, 256, 16, 8000, 0.0f}, AcceptCase{3, 100, 6, 163840, 1.3f}));
 
 // The whole per-step device pipeline (top-K -> combine -> tree build -> keys -> accept) captured once in
 // a CUDA graph and replayed with fresh inputs copied in place; each replay checked against the CPU twins.

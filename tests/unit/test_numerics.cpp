@@ -65,3 +65,19 @@ TEST(Numerics, GumbelNoiseHasGumbelMoments) {
   EXPECT_NE(ddt_gumbel(7, 100, 3), ddt_gumbel(7, 101, 3));
   EXPECT_NE(ddt_gumbel(7, 100, 3), ddt_gumbel(7, 100, 4));
 }
+
+TEST(Numerics, PortableExpMatchesLibm) {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> uy(-87.0f, 0.0f);
+  double worst = 0.0;
+  for (int i = 0; i < 200000; ++i) {
+    const float y = i < 1000 ? -float(i) * 1e-4f : uy(rng);
+    const double want = std::exp(double(y));
+    worst = std::max(worst, std::fabs(double(num::portable_exp(y)) - want) / want);
+  }
+  EXPECT_LT(worst, 4e-7) << "relative error of portable_exp";
+  EXPECT_EQ(num::portable_exp(0.0f), 1.0f);
+  EXPECT_EQ(num::portable_exp(-test::kInf), 0.0f);
+  EXPECT_EQ(num::portable_exp(std::nanf("")), 0.0f);
+  EXPECT_EQ(num::portable_exp(-100.0f), 0.0f);
+}

@@ -50,7 +50,7 @@ typedef enum ddt_status {
 #define DDT_MAX_BUDGET 512  /* nodes besides the root; N = budget + 1 <= 513 */
 #define DDT_MAX_DEPTH 32
 #define DDT_MAX_TOPK 1024   /* K of the top-K kernel */
-#define DDT_MAX_VOCAB (1 << 24)
+#define DDT_MAX_VOCAB (1 << 19) /* columns per shard: keeps the fixed-point exp sum below 2^63 */
 
 const char* ddt_status_string(int status);
 /* Detail of the last error returned on this thread (names the argument or the CUDA call). */
@@ -62,8 +62,9 @@ int ddt_cuda_available(void);
  * For each row (request x draft position) of a vocabulary shard's logits: the K largest logits with their
  * global token ids (vocab_offset + column), sorted by (logit descending, id ascending), and the shard's
  * log-sum-exp. NaN logits count as -inf and set DDT_DATA_NAN_LOGIT. If K > vocab the tail is (-inf, -1).
- * The LSE is computed as m + log(sum exp(x - m)) with m the row max (m = -inf for an all -inf row gives
- * lse = -inf). CPU and CUDA give bit-identical ids and values; lse within a few ulp. */
+ * The LSE is m + log(sum exp(x - m)) with m the row max (an all -inf row gives lse = -inf), from portable
+ * exp / log and an exact fixed-point sum (kernels/common/topk_math.h): CPU and CUDA outputs, the lse
+ * included, are bitwise identical; the lse is within a few ulp of the exact value. */
 typedef struct ddt_topk_shard_params {
   const float* logits;  /* [rows, vocab] f32, row stride ld (elements, ld >= vocab) */
   int64_t ld;
@@ -79,7 +80,8 @@ typedef struct ddt_topk_shard_params {
 
 /* Combine S shards' top-K lists into the global top-K log-probs: global lse = log-sum-exp of the shard
  * lses folded in shard order; the S*k candidates are merged by (value desc, id asc) skipping id -1;
- * log-prob = value - global lse. With S = 1 this is just log_softmax restricted to the top-K. */
+ * log-prob = value - global lse. With S = 1 this is just log_softmax restricted to the top-K. Token ids must
+ * be unique across shards (disjoint vocabulary slices). CPU and CUDA outputs are bitwise identical. */
 typedef struct ddt_topk_combine_params {
   const float* values;   /* [shards, rows, k] f32 */
   const int32_t* ids;    /* [shards, rows, k] i32 */
