@@ -3,7 +3,7 @@
 // same-run device copy bandwidth. Every timed configuration is first checked against the CPU twin; a
 // wrong result makes the program exit 1.
 //
-// usage: bench_kernels [--quick]
+// usage: bench_kernels [--quick] [--tree-only]
 // Timing: CUDA events around R back-to-back launches on one stream (R chosen so a sample lasts >= ~2 ms),
 // median of 5 samples; "graph us" is the same kernel captured R times in one CUDA graph (launch gaps
 // shrink to the graph's). Inputs of the top-K are larger than L2 (rows x vocab x 4 bytes >= 300 MB).
@@ -194,7 +194,13 @@ void bench_tree_and_accept(cudaStream_t s, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false, tree_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--tree-only") tree_only = true;
+    else { std::fprintf(stderr, "usage: bench_kernels [--quick] [--tree-only]\n"); return 2; }
+  }
   if (!ddt_cuda_available()) {
     std::printf("bench_kernels: no GPU visible; nothing to measure\n");
     return 77;
@@ -206,7 +212,7 @@ int main(int argc, char** argv) {
   const double copy_tbs = copy_bandwidth_tbs(s);
   std::printf("# bench_kernels on %s (%d SMs); device copy %.2f TB/s (read + write, same run)\n", prop.name,
               prop.multiProcessorCount, copy_tbs);
-  bench_topk(s, copy_tbs, quick);
+  if (!tree_only) bench_topk(s, copy_tbs, quick);
   bench_tree_and_accept(s, quick);
   std::printf("\nwrong results: %d\n", g_wrong);
   return g_wrong ? 1 : 0;

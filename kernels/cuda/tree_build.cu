@@ -2,7 +2,9 @@
 //
 // One CTA (128 threads) per request. The heap of the CPU twin becomes a frontier array in shared memory
 // whose slots are striped over the 32 lanes of warp 0; each lane caches the best key of its slots, and a
-// pop is two warp max-reductions (__reduce_max_sync on the key's high then low half) plus a ballot. The
+// pop is a warp max-reduction of the keys' high halves (__reduce_max_sync) and a ballot (a second
+// reduction of the low halves only when high halves tie). All lanes run the same instructions: no
+// divergent branch in the loop. The
 // key is (order bits of the score) << 32 | (0xFFFFFFFF - push sequence number): the same total order as
 // the CPU heap, so pops happen in the same order and the trees are bitwise identical. Log-probs are staged
 // in shared memory first so the serial loop never waits on global memory; every lane executes the same
@@ -93,19 +95,23 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
     }
     __syncwarp();
     while (n < B) {
+      // Pop: max of the lanes' best keys. Every branch below is warp-uniform (a divergent branch costs
+      // ~90 cycles on the H200, docs/PERF_NOTES.md), so the owner is found by a vote, not a branch.
       const uint32_t hi = uint32_t(best >> 32);
       const uint32_t mhi = __reduce_max_sync(kAll, hi);
       if (mhi == 0) break;  // frontier empty
-      const uint32_t mlo = __reduce_max_sync(kAll, hi == mhi ? uint32_t(best) : 0u);
-      const uint64_t key = (uint64_t(mhi) << 32) | mlo;
-      const int owner = __ffs(__ballot_sync(kAll, best == key)) - 1;
-      const int slot = __shfl_sync(kAll, best_slot, owner);
+      unsigned cand = __ballot_sync(kAll, hi == mhi);
+      if (__popc(cand) > 1) {  // equal scores: the smaller sequence number (larger low half) wins
+        const uint32_t mlo = __reduce_max_sync(kAll, hi == mhi ? uint32_t(best) : 0u);
+        cand = __ballot_sync(kAll, hi == mhi && uint32_t(best) == mlo);
+      }
+      const int slot = __shfl_sync(kAll, best_slot, __ffs(cand) - 1);
       const uint32_t pay = fr_pay[slot];
       const int prev = fr_prev[slot];
       const float s = num::from_order_bits(mhi);
       const int pa = item_parent(pay), d = item_depth(pay), r = item_rank(pay);
       const int i = ++n;
-      node_pay[i] = pay;
+      node_pay[i] = pay;  // node arrays and frontier slots: every lane stores the same value
       node_score[i] = s;
       node_prev[i] = prev;
       // Pushes, in the CPU twin's order: next sibling, then first child.
@@ -129,20 +135,18 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
         }
       }
       // The popped slot takes the first push; a second push (always a first child) takes a fresh slot.
-      if (lane == owner) { fr_key[slot] = k1; fr_pay[slot] = p1; fr_prev[slot] = prev1; }
+      fr_key[slot] = k1; fr_pay[slot] = p1; fr_prev[slot] = prev1;
       if (k2 != 0) {
         const int ns = next_free++;
-        if (lane == (ns & 31)) {
-          fr_key[ns] = k2; fr_pay[ns] = p2; fr_prev[ns] = -1;
-          if (lane != owner && k2 > best) { best = k2; best_slot = ns; }
-        }
+        fr_key[ns] = k2; fr_pay[ns] = p2; fr_prev[ns] = -1;
       }
-      if (lane == owner) {  // rescan this lane's slots
-        best = 0;
-        for (int q = lane; q < next_free; q += 32)
-          if (fr_key[q] > best) { best = fr_key[q]; best_slot = q; }
+      // Every lane rescans its slots (uniform trip count; unused slots hold key 0): cheaper than a
+      // divergent update of the two lanes whose slots changed.
+      best = 0;
+      for (int q = lane, end = (next_free + 31) & ~31; q < end; q += 32) {
+        const uint64_t kq = fr_key[q];
+        if (kq > best) { best = kq; best_slot = q; }
       }
-      __syncwarp();
     }
     if (lane == 0) {
       n_nodes = n;

@@ -11,7 +11,7 @@ export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
 export DDTREE_KERNELS_LIB=$PWD/$c/lib/libddtree_kernels.so
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$out/gpu.txt"
+echo "commit ${DDTREE_COMMIT:-unknown (pass DDTREE_COMMIT)}" | tee -a "$out/gpu.txt"
 declare -A rc
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the exit code
   local name=$1; shift
@@ -20,9 +20,9 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the exit 
   rc[$name]=$?
   tail -n ${TAIL:-25} "$out/$name.log"
 }
-step gpu_tests "$c/test_kernels_gpu"
-step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
-step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
+step gpu_tests "$c/test_kernels_gpu" ${GTEST_ARGS:-}
+[ "${SKIP_PY:-0}" = 1 ] || step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
+[ "${SKIP_DEMO:-0}" = 1 ] || step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
 if [ "${SKIP_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | sed 's/^/after: /' | tee -a "$out/gpu.txt"
 echo "== summary"

@@ -75,7 +75,9 @@ int check_invariants(const test::Tree& t, const test::Draft& d, int b, int32_t r
     const int32_t* ids = d.ids.data() + (int64_t(b) * d.depth + dep - 1) * d.k;
     const int r = int(std::find(ids, ids + d.k, t.tokens[o + i]) - ids);
     EXPECT_LT(r, d.k);
-    if (r < d.k) EXPECT_EQ(t.scores[o + i], t.scores[o + pa] + lp[r]) << "scores summed root to leaf";
+    if (r < d.k) {
+      EXPECT_EQ(t.scores[o + i], t.scores[o + pa] + lp[r]) << "scores summed root to leaf";
+    }
     children[pa].push_back(i);
   }
   for (int i = 0; i < count; ++i) {
