@@ -1,18 +1,29 @@
 // DDTree best-first tree builder on the GPU (C ABI: ddtree/kernels.h, section 2).
 //
-// One CTA (128 threads) per request. The heap of the CPU twin becomes a frontier array in shared memory
-// whose slots are striped over the 32 lanes of warp 0; each lane caches the best key of its slots, and a
-// pop is a warp max-reduction of the keys' high halves (__reduce_max_sync) and a ballot (a second
-// reduction of the low halves only when high halves tie). All lanes run the same instructions: no
-// divergent branch in the loop. The
-// key is (order bits of the score) << 32 | (0xFFFFFFFF - push sequence number): the same total order as
-// the CPU heap, so pops happen in the same order and the trees are bitwise identical. Log-probs are staged
-// in shared memory first so the serial loop never waits on global memory; every lane executes the same
-// bookkeeping (no divergent lane-0 branch); afterwards all 128 threads derive the child lists and write
-// the outputs (tokens, slots, positions, ancestor bitmask rows) in parallel.
+// One CTA (256 threads) per request; bitwise the CPU twin's trees. Two selection paths fill the same node
+// arrays (node i = the i-th pop):
 //
-// Shared memory: lp [min(L, B+1), min(K, B+1)] f32 + frontier (B+1 rounded to 32) x 16 B + 6 x N x 4 B;
-// about 86 KB at B = 512, L = 32 (opt-in above 48 KB; <= 99 KB so it also fits sm_120).
+// 1. Rounds (budgets above 64). The heap's items form a binary "push tree": an item's pusher is its previous
+//    sibling (rank r - 1) or, for a rank-0 item, its parent; an item's key never exceeds its pusher's. The
+//    heap pops items in descending (score, then push order); push order among equal scores is the pop
+//    order of the pushers, then sibling before child. So the B pops are the B first items of that total
+//    order, and the set of all items scoring >= theta is closed under pushers. The CTA grows that set in
+//    phases: pick theta (the need-th best score of the frontier through a 2-level histogram, or the
+//    frontier's minimum when it holds fewer items than still needed), move the frontier items >= theta into
+//    the set, then expand generation by generation (children >= theta join the set, others the next
+//    frontier) until the set holds B items. The first phase's theta is a lower bound on the B-th best
+//    score (the B-th best "chain" item: all ancestors rank 0), so one phase usually suffices; an overflow
+//    raises theta halfway to the frontier's best and retries. Sibling runs join in one step, so a phase
+//    takes about one generation per tree level. A bitonic sort by the exact pop order (equal scores
+//    compared through their pusher chains) gives the nodes.
+// 2. Serial (budgets up to 64, input that is not heap-ordered, and the fallback when the set overflows
+//    its shared-memory capacity, e.g. massive exact ties): warp 0
+//    simulates the heap: the frontier's slots are striped over the lanes, each lane caches its best key,
+//    a pop is a warp max-reduction of the keys' high halves, a ballot (a second reduction of the low halves
+//    only on a tie), and uniform bookkeeping (no divergent branch). ~0.4 us per pop on the H200.
+//
+// Log-probs are staged in shared memory first; afterwards all threads derive the child lists, the NaN
+// flags of the pushes the heap would have evaluated, and write the outputs in parallel.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,159 +36,470 @@
 namespace ddtree::kern {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
+constexpr unsigned kAll = 0xFFFFFFFFu;
+
+// Items of the rounds path: payload = parent candidate (11 bits) | depth (6) | rank (10) | kind (1: a
+// first child, 0: a next sibling or the initial item) | sibling-done (1: its next sibling was generated).
+__host__ __device__ inline uint32_t pack_cand(int parent, int depth, int rank, int kind) {
+  return uint32_t(parent) | (uint32_t(depth) << 11) | (uint32_t(rank) << 17) | (uint32_t(kind) << 27);
+}
+constexpr uint32_t kSiblingDone = 1u << 28;
+__device__ inline int cand_parent(uint32_t w) { return int(w & 0x7FFu); }
+__device__ inline int cand_depth(uint32_t w) { return int((w >> 11) & 0x3Fu); }
+__device__ inline int cand_rank(uint32_t w) { return int((w >> 17) & 0x3FFu); }
+__device__ inline int cand_kind(uint32_t w) { return int((w >> 27) & 1u); }
+constexpr int kMaxCand = 2048;  // 11-bit candidate ids
+constexpr int kSerialMaxBudget = 64;  // budgets up to this use the serial path
 
 struct TreeSmemPlan {
-  int Lc, Kc, cap, N;
-  size_t off_key, off_pay, off_prev, off_lp, off_node_pay, off_score, off_par, off_fc, off_ns, off_node_prev, bytes;
+  int Lc, Kc, N, cap, cs;  // cap: serial frontier slots; cs: rounds set / frontier capacity (0: serial only)
+  size_t off_lp, off_node_pay, off_score, off_node_prev, off_par, off_fc, off_ns;
+  size_t off_s_score, off_s_pay, off_s_push, off_f, off_sort, off_node_of;   // rounds
+  size_t off_key, off_pay, off_prev;                                          // serial (aliases rounds)
+  size_t bytes;
 };
 
-__host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget) {
+__host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget, int cs) {
   TreeSmemPlan t{};
   t.N = budget + 1;
   t.Lc = depth < budget + 1 ? depth : budget + 1;  // a popped node's depth is <= budget
-  t.Kc = k < budget + 1 ? k : budget + 1;          // a pushed rank is <= budget
-  t.cap = (t.N + 31) / 32 * 32;                    // frontier slots: 1 + (pops with two pushes) <= N
+  t.Kc = k < budget + 1 ? k : budget + 1;          // a pushed rank of a popped node is <= budget
+  t.cap = (t.N + 31) / 32 * 32;
+  t.cs = cs;
   size_t o = 0;
-  t.off_key = o; o += size_t(t.cap) * 8;
-  t.off_pay = o; o += size_t(t.cap) * 4;
-  t.off_prev = o; o += size_t(t.cap) * 4;
-  t.off_lp = o; o += size_t(t.Lc) * t.Kc * 4;
-  t.off_node_pay = o; o += size_t(t.N) * 4;
-  t.off_score = o; o += size_t(t.N) * 4;
-  t.off_par = o; o += size_t(t.N) * 4;
-  t.off_fc = o; o += size_t(t.N) * 4;
-  t.off_ns = o; o += size_t(t.N) * 4;
-  t.off_node_prev = o; o += size_t(t.N) * 4;
-  t.bytes = o;
+  auto take = [&](size_t bytes) { const size_t at = o; o += (bytes + 15) / 16 * 16; return at; };
+  t.off_lp = take(size_t(t.Lc) * t.Kc * 4);
+  t.off_node_pay = take(size_t(t.N) * 4);
+  t.off_score = take(size_t(t.N) * 4);
+  t.off_node_prev = take(size_t(t.N) * 4);
+  t.off_par = take(size_t(t.N) * 4);
+  t.off_fc = take(size_t(t.N) * 4);
+  t.off_ns = take(size_t(t.N) * 4);
+  const size_t region = o;
+  // rounds: set S [cs] (score, payload, pusher), two frontiers [2][cs] (score, payload, pusher),
+  // sort keys [pow2 >= cs] u16, node_of [cs] i16
+  int n2 = 1;
+  while (n2 < cs) n2 <<= 1;
+  t.off_s_score = take(size_t(cs) * 4);
+  t.off_s_pay = take(size_t(cs) * 4);
+  t.off_s_push = take(size_t(cs) * 4);
+  t.off_f = take(size_t(2) * cs * 12);
+  t.off_sort = take(size_t(n2) * 2);
+  t.off_node_of = take(size_t(cs) * 2);
+  const size_t rounds_end = o;
+  // serial: frontier slots (key, payload, previous sibling), aliasing the rounds region
+  o = region;
+  t.off_key = take(size_t(t.cap) * 8);
+  t.off_pay = take(size_t(t.cap) * 4);
+  t.off_prev = take(size_t(t.cap) * 4);
+  t.bytes = o > rounds_end ? o : rounds_end;
   return t;
 }
-static_assert(DDT_MAX_BUDGET + 1 <= 1024, "parent index must fit the 10-bit payload field");
+// Rounds capacity for a budget: room for generous overshoot, within the 11-bit candidate ids.
+__host__ __device__ inline int rounds_capacity(int budget) {
+  const int c = 4 * budget + 64;
+  return c < kMaxCand ? c : kMaxCand;
+}
+static_assert(DDT_MAX_BUDGET + 1 <= 1024, "parent node index must fit the 10-bit payload field");
 
-__global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_params p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const TreeSmemPlan t = plan(p.depth, p.k, p.budget);
+struct Scalars {
+  int n, s_count, f_count[2], gen_end, overflow;
+  uint32_t theta, fmax, hist_sel, need, valid;
+  int chain_depth;       // depths d < chain_depth have a rank-0 chain of finite log-probs above them
+  float chain[DDT_MAX_DEPTH + 1];  // chain[d] = score of the all-rank-0 prefix of depth d
+  uint32_t hist[256];
+};
+
+// Warp 0 finds, in hist[256] (counts per digit), the digit d with above(d) < need <= above(d) + hist[d]
+// where above(d) counts the digits > d, and stores it in sc.hist_sel (all lanes of warp 0 call it).
+__device__ void select_bin(Scalars& sc, uint32_t need) {
+  const int lane = threadIdx.x & 31;
+  uint32_t mine = 0;
+  for (int j = 0; j < 8; ++j) mine += sc.hist[lane * 8 + j];
+  uint32_t suf = mine;  // inclusive suffix sum over lanes >= lane
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t v = __shfl_down_sync(kAll, suf, o);
+    if (lane + o < 32) suf += v;
+  }
+  uint32_t above = suf - mine;
+  for (int j = 7; j >= 0; --j) {
+    const uint32_t h = sc.hist[lane * 8 + j];
+    if (above < need && need <= above + h) sc.hist_sel = uint32_t(lane * 8 + j);
+    above += h;
+  }
+}
+
+// theta such that at least `need` of the `count` scores (order bits from order_of(i); 0 = not a score)
+// are >= theta: the lower edge of the 16-bit key bin holding the need-th best, found by two 8-bit
+// histogram passes (all threads call it; needs count valid scores >= need). Also counts sc.valid.
+template <class OrderOf>
+__device__ uint32_t hist_theta(int count, OrderOf order_of, uint32_t need, Scalars& sc) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < 256; i += kThreads) sc.hist[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < count; i += kThreads) {
+    const uint32_t o = order_of(i);
+    if (o) atomicAdd(&sc.hist[o >> 24], 1u);
+  }
+  __syncthreads();
+  if (tid < 32) select_bin(sc, need);
+  __syncthreads();
+  const uint32_t b1 = sc.hist_sel;
+  uint32_t above = 0;  // scores in bins above b1
+  for (int d = int(b1) + 1; d < 256; ++d) above += sc.hist[d];
+  __syncthreads();
+  for (int i = tid; i < 256; i += kThreads) sc.hist[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < count; i += kThreads) {
+    const uint32_t o = order_of(i);
+    if (o && (o >> 24) == b1) atomicAdd(&sc.hist[(o >> 16) & 0xFFu], 1u);
+  }
+  __syncthreads();
+  if (tid < 32) select_bin(sc, need - above);
+  __syncthreads();
+  const uint32_t theta = (b1 << 24) | (sc.hist_sel << 16);
+  __syncthreads();
+  return theta;
+}
+
+// True when candidate a pops before candidate b (a != b): higher score first; equal scores in push order,
+// which is the pop order of their pushers, and sibling (kind 0) before child (kind 1) for one pusher.
+__device__ bool pops_before(int a, int b, const float* s_score, const uint32_t* s_pay, const int32_t* s_push) {
+  while (true) {
+    const uint32_t oa = num::order_bits(s_score[a]), ob = num::order_bits(s_score[b]);
+    if (oa != ob) return oa > ob;
+    const int pa = s_push[a], pb = s_push[b];
+    if (pa == pb) return cand_kind(s_pay[a]) < cand_kind(s_pay[b]);
+    if (pa < 0) return true;  // a is the initial item: pushed first
+    if (pb < 0) return false;
+    a = pa;
+    b = pb;
+  }
+}
+
+// Rounds selection (all threads). Returns the node count n (>= 0) in sc.n, or sets sc.overflow.
+__device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const float* lp_s, int L, int K, int B,
+                              uint32_t* node_pay, float* node_score, int32_t* node_prev, Scalars& sc) {
+  const int Kc = t.Kc, Lc = t.Lc, cs = t.cs, tid = threadIdx.x;
+  float* s_score = reinterpret_cast<float*>(smem + t.off_s_score);
+  uint32_t* s_pay = reinterpret_cast<uint32_t*>(smem + t.off_s_pay);
+  int32_t* s_push = reinterpret_cast<int32_t*>(smem + t.off_s_push);
+  // Frontier q (0 or 1): [cs] scores, then [cs] payloads, then [cs] pushers.
+  auto f_score = [&](int q) { return reinterpret_cast<float*>(smem + t.off_f + size_t(q) * cs * 12); };
+  auto f_pay = [&](int q) { return reinterpret_cast<uint32_t*>(smem + t.off_f + size_t(q) * cs * 12 + size_t(cs) * 4); };
+  auto f_push = [&](int q) { return reinterpret_cast<int32_t*>(smem + t.off_f + size_t(q) * cs * 12 + size_t(cs) * 8); };
+  uint16_t* sorted = reinterpret_cast<uint16_t*>(smem + t.off_sort);
+  int16_t* node_of = reinterpret_cast<int16_t*>(smem + t.off_node_of);
+
+  if (tid == 0) {
+    sc.overflow = 0;
+    sc.s_count = 1;  // candidate 0 is the root node (score 0)
+    s_score[0] = 0.0f; s_pay[0] = 0; s_push[0] = -1;
+    sc.f_count[0] = 0;
+    const float v = lp_s[0];
+    if (v > num::kNegInf) { f_score(0)[0] = v; f_pay(0)[0] = pack_cand(0, 1, 0, 0); f_push(0)[0] = -1; sc.f_count[0] = 1; }
+    // Rank-0 chain scores, summed root to leaf as the heap sums them.
+    sc.chain[0] = 0.0f;
+    int d = 0;
+    while (d + 1 < Lc && lp_s[d * Kc] > num::kNegInf) { sc.chain[d + 1] = DDT_ADD(sc.chain[d], lp_s[d * Kc]); ++d; }
+    sc.chain_depth = d + 1;
+  }
+  __syncthreads();
+  int cur = 0;
+  // Appends an item scoring >= theta to the set, else to the next frontier.
+  auto place = [&](float score, uint32_t pay, int pusher, uint32_t theta, int nxt) {
+    if (num::order_bits(score) >= theta) {
+      const int at = atomicAdd(&sc.s_count, 1);
+      if (at < cs) { s_score[at] = score; s_pay[at] = pay; s_push[at] = pusher; } else sc.overflow = 1;
+    } else {
+      const int at = atomicAdd(&sc.f_count[nxt], 1);
+      if (at < cs) { f_score(nxt)[at] = score; f_pay(nxt)[at] = pay; f_push(nxt)[at] = pusher; } else sc.overflow = 1;
+    }
+  };
+  while (true) {
+    const int fc = sc.f_count[cur];
+    const int have = sc.s_count - 1;
+    if (have >= B || fc == 0 || sc.overflow) break;
+    const uint32_t need = uint32_t(B - have);
+    const int nxt = cur ^ 1;
+    // theta, three ways (at least `need` new items score >= theta in each):
+    //  - first phase: a lower bound on the B-th best score of all items, the B-th best among the
+    //    "chain" items (rank-0 ancestors only, any last rank): their scores are computable at once and
+    //    they are a subset of all items, so usually one phase suffices;
+    //  - more frontier items than needed: the need-th best frontier score (16-bit bin edge);
+    //  - otherwise the frontier's minimum.
+    if (tid == 0) { sc.theta = 0xFFFFFFFFu; sc.fmax = 0; sc.valid = 0; }
+    __syncthreads();
+    for (int i = tid; i < fc; i += kThreads) atomicMax(&sc.fmax, num::order_bits(f_score(cur)[i]));
+    bool chosen = false;
+    if (have == 0) {
+      auto chain_order = [&](int i) -> uint32_t {
+        const int d = i / Kc;
+        const float v = lp_s[i];
+        return (d < sc.chain_depth && v > num::kNegInf) ? num::order_bits(DDT_ADD(sc.chain[d], v)) : 0u;
+      };
+      for (int i = tid; i < Lc * Kc; i += kThreads) if (chain_order(i)) atomicAdd(&sc.valid, 1u);
+      __syncthreads();
+      if (sc.valid >= need) {
+        const uint32_t th = hist_theta(Lc * Kc, chain_order, need, sc);
+        if (tid == 0) sc.theta = th;
+        chosen = true;
+      }
+    }
+    if (!chosen) {
+      if (uint32_t(fc) <= need) {
+        for (int i = tid; i < fc; i += kThreads) atomicMin(&sc.theta, num::order_bits(f_score(cur)[i]));
+      } else {
+        const uint32_t th = hist_theta(fc, [&](int i) { return num::order_bits(f_score(cur)[i]); }, need, sc);
+        if (tid == 0) sc.theta = th;
+      }
+    }
+    __syncthreads();
+    if (sc.theta > sc.fmax) {  // the chain bound can exceed the frontier's best only if nothing scores there
+      __syncthreads();
+      if (tid == 0) sc.theta = sc.fmax;
+    }
+    __syncthreads();
+    // Attempts: expand with theta; if the set or the next frontier overflows, raise theta halfway to the
+    // frontier's best (in order bits) and retry from the phase's start; at theta = best, a real overflow
+    // (massive exact ties) hands the request to the serial path.
+    const int s0 = sc.s_count;
+    uint32_t theta = sc.theta;
+    const uint32_t fmax = sc.fmax;
+    while (true) {
+      __syncthreads();
+      if (tid == 0) { sc.s_count = s0; sc.f_count[nxt] = 0; sc.overflow = 0; }
+      __syncthreads();
+      for (int i = tid; i < fc; i += kThreads) place(f_score(cur)[i], f_pay(cur)[i], f_push(cur)[i], theta, nxt);
+      __syncthreads();
+      int gen_begin = s0;
+      // Generations: expand the items that joined the set; their pushes >= theta join it too.
+      while (true) {
+        if (tid == 0) sc.gen_end = sc.s_count < cs ? sc.s_count : cs;
+        __syncthreads();
+        const int gen_end = sc.gen_end;
+        if (gen_begin >= gen_end || sc.overflow) break;
+        __syncthreads();  // everyone has read gen_end before new items are appended
+        for (int x = gen_begin + tid; x < gen_end; x += kThreads) {
+          const uint32_t pay = s_pay[x];
+          const int pa = cand_parent(pay), d = cand_depth(pay), r = cand_rank(pay);
+          // Pushes the heap would make if x popped. Ranks > B and depths > B can never be among B pops
+          // (each needs more than B predecessors), so they are not generated (lp_s has no columns for them).
+          // Siblings: the whole run of next siblings scoring >= theta joins the set at once (each pushed by
+          // the previous one), and the first one below theta goes to the frontier; the run's members are
+          // marked sibling-done so they never generate siblings again.
+          if (!(pay & kSiblingDone) && r + 1 < K && r + 1 < Kc) {
+            const float sp = s_score[pa];
+            const float* row = lp_s + (d - 1) * Kc;
+            int m = 0;  // run length
+            while (r + 1 + m < K && r + 1 + m < Kc) {
+              const float v = row[r + 1 + m];
+              if (!(v > num::kNegInf) || num::order_bits(DDT_ADD(sp, v)) < theta) break;
+              ++m;
+            }
+            int last = x;
+            if (m > 0) {
+              const int at = atomicAdd(&sc.s_count, m);
+              for (int j = 0; j < m; ++j) {
+                if (at + j >= cs) { sc.overflow = 1; break; }
+                s_score[at + j] = DDT_ADD(sp, row[r + 1 + j]);
+                s_pay[at + j] = pack_cand(pa, d, r + 1 + j, 0) | kSiblingDone;
+                s_push[at + j] = j == 0 ? x : at + j - 1;
+              }
+              last = at + m - 1;
+            }
+            const int rn = r + 1 + m;
+            if (rn < K && rn < Kc && row[rn] > num::kNegInf)
+              place(DDT_ADD(sp, row[rn]), pack_cand(pa, d, rn, 0), last, theta, nxt);
+          }
+          if (d < L && d < Lc) {
+            const float v = lp_s[d * Kc];
+            if (v > num::kNegInf) place(DDT_ADD(s_score[x], v), pack_cand(x, d + 1, 0, 1), x, theta, nxt);
+          }
+        }
+        gen_begin = gen_end;
+        __syncthreads();
+      }
+      __syncthreads();
+      if (!sc.overflow || theta >= fmax) break;
+      theta = theta + (fmax - theta + 1) / 2;
+    }
+    if (sc.overflow) return;
+    cur = nxt;
+    __syncthreads();
+  }
+  if (sc.overflow) return;
+  // Sort the set's candidates 1..count-1 by pop order (bitonic, descending = first pop first).
+  const int count = sc.s_count - 1;
+  int n2 = 1;
+  while (n2 < count) n2 <<= 1;
+  for (int i = tid; i < n2; i += kThreads) sorted[i] = i < count ? uint16_t(i + 1) : uint16_t(0xFFFF);
+  __syncthreads();
+  for (int size = 2; size <= n2; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < (n2 >> 1); i += kThreads) {
+        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+        const int a = sorted[lo], b = sorted[hi];
+        // "a before b" in the final order; padding (0xFFFF) goes last.
+        const bool a_first = b == 0xFFFF || (a != 0xFFFF && pops_before(a, b, s_score, s_pay, s_push));
+        const bool want_a_first = (lo & size) == 0;
+        if (a_first != want_a_first) { sorted[lo] = uint16_t(b); sorted[hi] = uint16_t(a); }
+      }
+      __syncthreads();
+    }
+  const int n = count < B ? count : B;
+  if (tid == 0) { node_of[0] = 0; sc.n = n; }
+  for (int k = tid; k < n; k += kThreads) node_of[sorted[k]] = int16_t(k + 1);
+  __syncthreads();
+  for (int k = tid; k < n; k += kThreads) {
+    const int c = sorted[k];
+    const uint32_t pay = s_pay[c] & ~kSiblingDone;
+    const int r = cand_rank(pay);
+    node_pay[k + 1] = pack_item(node_of[cand_parent(pay)], cand_depth(pay), r);
+    node_score[k + 1] = s_score[c];
+    node_prev[k + 1] = r > 0 ? node_of[s_push[c]] : -1;
+  }
+}
+
+// Serial selection by warp 0 (the heap simulation). Writes node arrays 1..n and returns n.
+__device__ int select_serial(const TreeSmemPlan& t, unsigned char* smem, const float* lp_s, int L, int K, int B,
+                             uint32_t* node_pay, float* node_score, int32_t* node_prev) {
   uint64_t* fr_key = reinterpret_cast<uint64_t*>(smem + t.off_key);
   uint32_t* fr_pay = reinterpret_cast<uint32_t*>(smem + t.off_pay);
+  int32_t* fr_prev = reinterpret_cast<int32_t*>(smem + t.off_prev);  // item's previous sibling node
+  const int lane = threadIdx.x & 31, Kc = t.Kc;
+  for (int i = lane; i < t.cap; i += 32) fr_key[i] = 0;
+  __syncwarp();
+  uint32_t seq = 0;
+  int n = 0, next_free = 1;
+  uint64_t best = 0;  // best key among this lane's slots (lane + 32 j)
+  int best_slot = 0;
+  node_score[0] = 0.0f;
+  if (lp_s[0] > num::kNegInf) {
+    const uint64_t key = item_key(lp_s[0], seq++);
+    if (lane == 0) { fr_key[0] = key; fr_pay[0] = pack_item(0, 1, 0); fr_prev[0] = -1; best = key; }
+  }
+  __syncwarp();
+  while (n < B) {
+    // Every branch below is warp-uniform (a divergent branch costs ~90 cycles, docs/PERF_NOTES.md).
+    const uint32_t hi = uint32_t(best >> 32);
+    const uint32_t mhi = __reduce_max_sync(kAll, hi);
+    if (mhi == 0) break;  // frontier empty
+    unsigned cand = __ballot_sync(kAll, hi == mhi);
+    if (__popc(cand) > 1) {  // equal scores: the smaller sequence number (larger low half) wins
+      const uint32_t mlo = __reduce_max_sync(kAll, hi == mhi ? uint32_t(best) : 0u);
+      cand = __ballot_sync(kAll, hi == mhi && uint32_t(best) == mlo);
+    }
+    const int slot = __shfl_sync(kAll, best_slot, __ffs(cand) - 1);
+    const uint32_t pay = fr_pay[slot];
+    const int prev = fr_prev[slot];
+    const float s = num::from_order_bits(mhi);
+    const int pa = item_parent(pay), d = item_depth(pay), r = item_rank(pay);
+    const int i = ++n;
+    node_pay[i] = pay;  // node arrays and frontier slots: every lane stores the same value
+    node_score[i] = s;
+    node_prev[i] = prev;
+    // Pushes, in the CPU twin's order: next sibling, then first child.
+    uint64_t k1 = 0, k2 = 0;
+    uint32_t p1 = 0, p2 = 0;
+    int prev1 = -1;
+    if (r + 1 < K) {
+      const float v = lp_s[(d - 1) * Kc + r + 1];
+      if (v > num::kNegInf) { k1 = item_key(DDT_ADD(node_score[pa], v), seq++); p1 = pack_item(pa, d, r + 1); prev1 = i; }
+    }
+    if (d < L) {
+      const float v = lp_s[d * Kc];
+      if (v > num::kNegInf) {
+        const uint64_t kc = item_key(DDT_ADD(s, v), seq++);
+        const uint32_t pc = pack_item(i, d + 1, 0);
+        if (k1 == 0) { k1 = kc; p1 = pc; } else { k2 = kc; p2 = pc; }
+      }
+    }
+    // The popped slot takes the first push; a second push (always a first child) takes a fresh slot.
+    fr_key[slot] = k1; fr_pay[slot] = p1; fr_prev[slot] = prev1;
+    if (k2 != 0) {
+      const int ns = next_free++;
+      fr_key[ns] = k2; fr_pay[ns] = p2; fr_prev[ns] = -1;
+    }
+    // Every lane rescans its slots (uniform trip count; unused slots hold key 0).
+    best = 0;
+    for (int q = lane, end = (next_free + 31) & ~31; q < end; q += 32) {
+      const uint64_t kq = fr_key[q];
+      if (kq > best) { best = kq; best_slot = q; }
+    }
+  }
+  return n;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_params p, int cs) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Scalars sc;
+  const TreeSmemPlan t = plan(p.depth, p.k, p.budget, cs);
   float* lp_s = reinterpret_cast<float*>(smem + t.off_lp);
   uint32_t* node_pay = reinterpret_cast<uint32_t*>(smem + t.off_node_pay);
   float* node_score = reinterpret_cast<float*>(smem + t.off_score);
+  int32_t* node_prev = reinterpret_cast<int32_t*>(smem + t.off_node_prev);
   int32_t* par_s = reinterpret_cast<int32_t*>(smem + t.off_par);
   int32_t* fc_s = reinterpret_cast<int32_t*>(smem + t.off_fc);
   int32_t* ns_s = reinterpret_cast<int32_t*>(smem + t.off_ns);
-  int32_t* fr_prev = reinterpret_cast<int32_t*>(smem + t.off_prev);       // item's previous sibling node
-  int32_t* node_prev = reinterpret_cast<int32_t*>(smem + t.off_node_prev);
-  __shared__ int n_nodes;
 
   const int b = blockIdx.x, N = t.N, L = p.depth, K = p.k, B = p.budget, Kc = t.Kc;
   const float* lp = p.logprobs + int64_t(b) * L * K;
-  for (int i = threadIdx.x; i < t.Lc * Kc; i += kThreads) lp_s[i] = lp[(i / Kc) * K + (i % Kc)];
-  for (int i = threadIdx.x; i < t.cap; i += kThreads) fr_key[i] = 0;
+  // The rounds path needs a heap-ordered push tree: log-probs <= 0, rows sorted descending, no NaN (the
+  // top-K kernel's output always is). Anything else goes to the serial path, which is exact for any input.
+  int unordered = 0;
+  for (int i = threadIdx.x; i < t.Lc * Kc; i += kThreads) {
+    const int d = i / Kc, r = i % Kc;
+    const float x = lp[d * K + r];
+    lp_s[i] = x;
+    unordered |= num::is_nan(x) || x > 0.0f || (r > 0 && !(x <= lp[d * K + r - 1]));
+  }
   for (int i = threadIdx.x; i < N; i += kThreads) { fc_s[i] = -1; ns_s[i] = -1; }
-  __syncthreads();
+  unordered = __syncthreads_or(unordered);
 
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    constexpr unsigned kAll = 0xFFFFFFFFu;
-    bool nan = false;
-    uint32_t seq = 0;
-    int n = 0, next_free = 1;
-    uint64_t best = 0;  // best key among this lane's slots (lane + 32 j)
-    int best_slot = 0;
-    node_score[0] = 0.0f;  // node arrays: every lane stores the same value (no divergent branch)
-    {
-      const float v = lp_s[0];
-      nan |= num::is_nan(v);
-      if (v > num::kNegInf) {
-        const uint64_t key = item_key(v, seq++);
-        if (lane == 0) { fr_key[0] = key; fr_pay[0] = pack_item(0, 1, 0); fr_prev[0] = -1; best = key; }
-      }
-    }
-    __syncwarp();
-    while (n < B) {
-      // Pop: max of the lanes' best keys. Every branch below is warp-uniform (a divergent branch costs
-      // ~90 cycles on the H200, docs/PERF_NOTES.md), so the owner is found by a vote, not a branch.
-      const uint32_t hi = uint32_t(best >> 32);
-      const uint32_t mhi = __reduce_max_sync(kAll, hi);
-      if (mhi == 0) break;  // frontier empty
-      unsigned cand = __ballot_sync(kAll, hi == mhi);
-      if (__popc(cand) > 1) {  // equal scores: the smaller sequence number (larger low half) wins
-        const uint32_t mlo = __reduce_max_sync(kAll, hi == mhi ? uint32_t(best) : 0u);
-        cand = __ballot_sync(kAll, hi == mhi && uint32_t(best) == mlo);
-      }
-      const int slot = __shfl_sync(kAll, best_slot, __ffs(cand) - 1);
-      const uint32_t pay = fr_pay[slot];
-      const int prev = fr_prev[slot];
-      const float s = num::from_order_bits(mhi);
-      const int pa = item_parent(pay), d = item_depth(pay), r = item_rank(pay);
-      const int i = ++n;
-      node_pay[i] = pay;  // node arrays and frontier slots: every lane stores the same value
-      node_score[i] = s;
-      node_prev[i] = prev;
-      // Pushes, in the CPU twin's order: next sibling, then first child.
-      uint64_t k1 = 0, k2 = 0;
-      uint32_t p1 = 0, p2 = 0;
-      int prev1 = -1;
-      if (r + 1 < K) {
-        const float v = lp_s[(d - 1) * Kc + r + 1];
-        nan |= num::is_nan(v);
-        if (v > num::kNegInf) {
-          k1 = item_key(DDT_ADD(node_score[pa], v), seq++); p1 = pack_item(pa, d, r + 1); prev1 = i;
-        }
-      }
-      if (d < L) {
-        const float v = lp_s[d * Kc];
-        nan |= num::is_nan(v);
-        if (v > num::kNegInf) {
-          const uint64_t kc = item_key(DDT_ADD(s, v), seq++);
-          const uint32_t pc = pack_item(i, d + 1, 0);
-          if (k1 == 0) { k1 = kc; p1 = pc; } else { k2 = kc; p2 = pc; }
-        }
-      }
-      // The popped slot takes the first push; a second push (always a first child) takes a fresh slot.
-      fr_key[slot] = k1; fr_pay[slot] = p1; fr_prev[slot] = prev1;
-      if (k2 != 0) {
-        const int ns = next_free++;
-        fr_key[ns] = k2; fr_pay[ns] = p2; fr_prev[ns] = -1;
-      }
-      // Every lane rescans its slots (uniform trip count; unused slots hold key 0): cheaper than a
-      // divergent update of the two lanes whose slots changed.
-      best = 0;
-      for (int q = lane, end = (next_free + 31) & ~31; q < end; q += 32) {
-        const uint64_t kq = fr_key[q];
-        if (kq > best) { best = kq; best_slot = q; }
-      }
-    }
-    if (lane == 0) {
-      n_nodes = n;
-      if (nan) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
+  bool done = false;
+  if (cs > 0 && !unordered) {
+    select_rounds(t, smem, lp_s, L, K, B, node_pay, node_score, node_prev, sc);
+    done = !sc.overflow;
+  }
+  if (!done) {
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const int n = select_serial(t, smem, lp_s, L, K, B, node_pay, node_score, node_prev);
+      if (threadIdx.x == 0) sc.n = n;
     }
   }
   __syncthreads();
 
-  const int n = n_nodes;
+  const int n = sc.n;
   // Child lists: siblings pop in rank order (rank r + 1 is pushed when rank r pops), so a parent's first
-  // child is its rank-0 child and a node's next sibling is the node whose item it pushed.
+  // child is its rank-0 child and a node's next sibling is the node whose item it pushed. NaN flags: the
+  // log-probs the heap reads when it pops each node (and the initial one), exactly as the CPU twin.
+  int nan = threadIdx.x == 0 && num::is_nan(lp_s[0]);
   for (int i = 1 + threadIdx.x; i <= n; i += kThreads) {
-    if (item_rank(node_pay[i]) == 0) fc_s[item_parent(node_pay[i])] = i;
-    else ns_s[node_prev[i]] = i;
+    const uint32_t pay = node_pay[i];
+    const int d = item_depth(pay), r = item_rank(pay);
+    if (r == 0) fc_s[item_parent(pay)] = i; else ns_s[node_prev[i]] = i;
+    if (r + 1 < K) nan |= num::is_nan(lp_s[(d - 1) * Kc + r + 1]);
+    if (d < L) nan |= num::is_nan(lp_s[d * Kc]);
   }
-  __syncthreads();
+  if (__syncthreads_or(nan) && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
   const int32_t P = p.prefix_lens[b];
   const int32_t root = p.root_tokens[b];
   const int32_t* ids = p.token_ids + int64_t(b) * L * K;
   const int64_t o = int64_t(b) * N;
   for (int i = threadIdx.x; i < N; i += kThreads) {
     int32_t tok, pa, d;
-    float sc;
-    if (i == 0) { tok = root; pa = -1; d = 0; sc = 0.0f; }
+    float score;
+    if (i == 0) { tok = root; pa = -1; d = 0; score = 0.0f; }
     else if (i <= n) {
       const uint32_t pay = node_pay[i];
-      d = item_depth(pay); pa = item_parent(pay); sc = node_score[i];
+      d = item_depth(pay); pa = item_parent(pay); score = node_score[i];
       tok = ids[(d - 1) * K + item_rank(pay)];
-    } else { tok = root; pa = -1; d = 1; sc = num::kNegInf; }
+    } else { tok = root; pa = -1; d = 1; score = num::kNegInf; }
     par_s[i] = pa;
-    p.tokens[o + i] = tok; p.parents[o + i] = pa; p.depths[o + i] = d; p.scores[o + i] = sc;
+    p.tokens[o + i] = tok; p.parents[o + i] = pa; p.depths[o + i] = d; p.scores[o + i] = score;
     p.slots[o + i] = P + i; p.positions[o + i] = P + d;
     p.first_child[o + i] = fc_s[i]; p.next_sibling[o + i] = ns_s[i];
   }
@@ -185,6 +507,25 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(ddt_tree_build_par
   const int W = vis_words(N);
   for (int i = threadIdx.x; i < N; i += kThreads) write_vis_row(par_s, i, W, p.vis + (o + i) * W);
   if (threadIdx.x == 0) p.node_count[b] = n + 1;
+}
+
+// Largest dynamic shared memory a CTA may use on this device (opted in once).
+int max_dynamic_smem() {
+  static const int bytes = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    optin -= int(sizeof(Scalars)) + 64;
+    if (cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return optin;
+  }();
+  return bytes;
 }
 
 }  // namespace
@@ -195,17 +536,16 @@ using namespace ddtree::kern;
 extern "C" int ddt_tree_build_cuda(const ddt_tree_build_params* p, void* stream) {
   if (int rc = validate(p)) return rc;
   if (p->batch == 0) return DDT_OK;
-  const TreeSmemPlan t = plan(p->depth, p->k, p->budget);
-  static const int max_bytes = [] {  // opt in once to the largest plan (no effect on graph capture)
-    const int bytes = int(plan(DDT_MAX_DEPTH, DDT_MAX_TOPK, DDT_MAX_BUDGET).bytes);
-    return cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-                   cudaSuccess ? bytes : -1;
-  }();
-  if (max_bytes < 0) {
-    (void)cudaGetLastError();
-    return fail(DDT_ERR_CUDA, "tree_build: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) failed");
-  }
-  tree_build_kernel<<<p->batch, kThreads, t.bytes, static_cast<cudaStream_t>(stream)>>>(*p);
+  const int limit = max_dynamic_smem();
+  if (limit < 0) return fail(DDT_ERR_CUDA, "tree_build: cannot query or opt in to dynamic shared memory");
+  // Path: serial up to budget 64 (measured faster there: its per-pop cost beats the rounds path's block
+  // barriers, docs/PERF_NOTES.md step 5), rounds above with the largest capacity that fits; 0 = serial.
+  int cs = p->budget > kSerialMaxBudget ? rounds_capacity(p->budget) : 0;
+  while (cs > 0 && plan(p->depth, p->k, p->budget, cs).bytes > size_t(limit)) cs = cs > p->budget + 1 ? cs / 2 : 0;
+  const TreeSmemPlan t = plan(p->depth, p->k, p->budget, cs);
+  if (t.bytes > size_t(limit))
+    return fail(DDT_ERR_SHAPE, "tree_build: depth x k x budget needs more shared memory than this GPU has");
+  tree_build_kernel<<<p->batch, kThreads, t.bytes, static_cast<cudaStream_t>(stream)>>>(*p, cs);
   DDT_CUDA_LAUNCHED();
   return DDT_OK;
 }

@@ -198,6 +198,31 @@ INSTANTIATE_TEST_SUITE_P(Sweep, TreeBuildGpu, ::testing::Values(
     BuildGpuCase{9, 6, 3, 100, 3, 1.0f, 0.3f, 0.5f} /* exhausted frontier, exact ties */,
     BuildGpuCase{33, 12, 65, 65, 700, 0.2f, 0.0f, 4.0f}, BuildGpuCase{1, 9, 1, 16, 10, 0, 0, 1} /* chain */));
 
+// Degenerate drafts: all log-probs equal (long sibling runs, every score tied) and all zero (every item
+// ties with the root: the candidate set overflows and the kernel falls back to the serial heap).
+TEST(TreeBuildGpu, ExactTieDraftsMatchCpuTwin) {
+  for (float value : {-0.5f, 0.0f, -0.0f}) {
+    for (int budget : {16, 64, 300, 512}) {
+      const int batch = 3, depth = 8, k = std::min(budget, 512);
+      test::Draft d{batch, depth, k, k, std::vector<float>(size_t(batch) * depth * k, value),
+                    std::vector<int32_t>(size_t(batch) * depth * k)};
+      for (size_t i = 0; i < d.ids.size(); ++i) d.ids[i] = int32_t(i % k);
+      for (int j = 0; j < depth * k; j += 7) d.lp[j] = -1.0f;  // request 0: some structure
+      std::vector<int32_t> roots(batch, 2), prefix{0, 64, 4095};
+      test::Tree h(batch, budget);
+      auto hp = h.params(d, roots, prefix, budget);
+      ASSERT_EQ(ddt_tree_build_cpu(&hp), DDT_OK);
+      DevBuf<float> dlp(d.lp);
+      DevBuf<int32_t> dids(d.ids), droots(roots), dprefix(prefix);
+      DevTree g(batch, budget);
+      auto gp = g.params(dlp.ptr, dids.ptr, droots.ptr, dprefix.ptr, depth, k, budget);
+      ASSERT_EQ(ddt_tree_build_cuda(&gp, nullptr), DDT_OK) << ddt_last_error_message();
+      SCOPED_TRACE(testing::Message() << "value " << value << " budget " << budget);
+      g.expect_equal(h);
+    }
+  }
+}
+
 namespace {
 struct AcceptCase { int batch, budget, depth, vocab; float temperature; };
 }  // namespace
