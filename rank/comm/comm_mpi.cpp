@@ -31,9 +31,7 @@
 #include "rank/comm/comm.h"
 #include "rank/comm/mpi_check.h"
 
-#ifndef DDTREE_BUILD_ID
-#define DDTREE_BUILD_ID "unknown"
-#endif
+#include "ddtree_build_id.h"  // generated at build time (cmake/build_id.cmake): DDTREE_BUILD_ID
 
 namespace ddtree {
 
