@@ -21,7 +21,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 req="$here/requirements-test.txt"
-hash=$(cat "$req" | sha256sum | cut -c1-16)
+req_torch="$here/requirements-torch.txt"
+hash=$(cat "$req" "$req_torch" | sha256sum | cut -c1-16)
 root=${DDTREE_VENV_ROOT:-/opt/ddtree-venv}
 venv="$root/$hash"
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
@@ -30,6 +31,21 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
   python3 -m venv "$venv" >&2
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
   "$venv/bin/python" -m pip install -q -r "$req" >&2
+  # torch without its multi-GB CUDA dependency tree (see requirements-torch.txt), else the full install.
+  t0=$(date +%s)
+  torch_pkgs=$(grep -v '^#' "$req_torch" | grep -v '^\s*$')
+  torch_deps=$(sed -n 's/^#deps: //p' "$req_torch")
+  # Its pure-Python dependencies first, then the wheels with --no-deps (which also skips pip's warning
+  # about the CUDA wheels left out on purpose).
+  "$venv/bin/python" -m pip install -q $torch_deps >&2
+  "$venv/bin/python" -m pip install -q --no-deps $torch_pkgs >&2
+  if ! "$venv/bin/python" -c "import torch; torch.ones(2) @ torch.ones(2)" >/dev/null 2>&1 || [ -n "${DDTREE_TORCH_FULL:-}" ]; then
+    torch_req=$(grep '^torch==' "$req_torch")
+    echo "install-deps: torch without its CUDA wheels does not import here; installing $torch_req with all dependencies" >&2
+    "$venv/bin/python" -m pip install -q "$torch_req" >&2
+  fi
+  "$venv/bin/python" -c "import torch, transformers" >&2
+  echo "install-deps: torch ready in $(( $(date +%s) - t0 )) s" >&2
   touch "$venv/.complete"
 else
   echo "install-deps: reusing Python venv $venv" >&2
