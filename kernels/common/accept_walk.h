@@ -32,10 +32,10 @@ DDT_HD uint32_t accept_walk(const ddt_accept_params* p, int b, FindChild&& find_
   p->path_len[b] = 1; p->num_new[b] = 0; p->bonus[b] = -1; p->finished[b] = 0;
   const int count = p->node_count[b];
   const int32_t* tok = p->tokens + int64_t(b) * p->n;
-  if (count < 1 || count > p->n) return DDT_DATA_BAD_INDEX;
+  if (count < 1 || count > p->n) { p->finished[b] = 3; return DDT_DATA_BAD_INDEX; }
   int cur = 0, len = 1;
   int32_t target = target_token(p, b, 0);
-  if (target < 0) return DDT_DATA_BAD_INDEX;
+  if (target < 0) { p->finished[b] = 3; return DDT_DATA_BAD_INDEX; }
   while (len < p->max_path) {
     const int c = find_child(cur, count, target);
     if (c < 0) break;
@@ -44,6 +44,7 @@ DDT_HD uint32_t accept_walk(const ddt_accept_params* p, int b, FindChild&& find_
     target = target_token(p, b, cur);
     if (target < 0) {
       for (int j = 1; j < len; ++j) out.path[j] = -1;
+      p->finished[b] = 3;
       return DDT_DATA_BAD_INDEX;
     }
   }

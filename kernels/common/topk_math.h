@@ -21,13 +21,14 @@ DDT_HD uint64_t exp_fixed(float x, float m) {
   return uint64_t(DDT_MUL(num::portable_exp(DDT_ADD(x, -m)), kFixedOne));
 }
 DDT_HD float finish_lse(float m, uint64_t sum) {
+  if (m == -num::kNegInf) return m;  // a +inf logit (flagged by the kernels): lse = +inf
   if (m == num::kNegInf || sum == 0) return num::kNegInf;
-  if (m == -num::kNegInf) return m;  // +inf logit
   return DDT_ADD(m, num::portable_log(DDT_MUL(float(sum), kFixedInv)));
 }
 // value - lse; -inf stays -inf (also when the whole row is -inf, where lse = -inf too).
 DDT_HD float logprob(float value, float lse) {
   if (value == num::kNegInf || lse == num::kNegInf) return num::kNegInf;
+  if (lse == -num::kNegInf) return value == lse ? 0.0f : num::kNegInf;  // +inf logits share all the mass
   return DDT_ADD(value, -lse);
 }
 

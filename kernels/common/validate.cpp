@@ -16,14 +16,14 @@ bool aligned(const void* p, std::size_t a) { return (reinterpret_cast<std::uintp
 // Null / alignment check of one pointer argument.
 #define DDT_CHECK_PTR(ptr, align)                                                                    \
   do {                                                                                               \
-    if ((ptr) == nullptr) return fail(DDT_ERR_NULL, std::string(__func__) + ": " #ptr " is null");  \
+    if ((ptr) == nullptr) return fail(DDT_ERR_NULL, std::string(kname) + ": " #ptr " is null");  \
     if (!aligned((ptr), (align)))                                                                    \
-      return fail(DDT_ERR_ALIGN, std::string(__func__) + ": " #ptr " is not " #align "-byte aligned"); \
+      return fail(DDT_ERR_ALIGN, std::string(kname) + ": " #ptr " is not " #align "-byte aligned"); \
   } while (0)
 
 #define DDT_CHECK_RANGE(cond, code, what)                                                     \
   do {                                                                                        \
-    if (!(cond)) return fail((code), std::string(__func__) + ": " + (what) + " (" #cond ")"); \
+    if (!(cond)) return fail((code), std::string(kname) + ": " + (what) + " (" #cond ")"); \
   } while (0)
 }  // namespace
 
@@ -35,6 +35,8 @@ void clear_error() { g_last_error.clear(); }
 const char* g_last_error_ptr() { return g_last_error.c_str(); }
 
 int validate(const ddt_topk_shard_params* p) {
+  const char* kname = "topk_shard";
+  clear_error();
   if (!p) return fail(DDT_ERR_NULL, "topk_shard: params is null");
   DDT_CHECK_RANGE(p->rows >= 0 && p->rows <= (1 << 24), DDT_ERR_SHAPE, "rows out of range");
   DDT_CHECK_RANGE(p->vocab >= 1 && p->vocab <= DDT_MAX_VOCAB, DDT_ERR_SHAPE, "vocab out of range");
@@ -51,6 +53,8 @@ int validate(const ddt_topk_shard_params* p) {
 }
 
 int validate(const ddt_topk_combine_params* p) {
+  const char* kname = "topk_combine";
+  clear_error();
   if (!p) return fail(DDT_ERR_NULL, "topk_combine: params is null");
   DDT_CHECK_RANGE(p->shards >= 1 && p->shards <= 64, DDT_ERR_SHAPE, "shards out of range 1..64");
   DDT_CHECK_RANGE(p->rows >= 0 && p->rows <= (1 << 24), DDT_ERR_SHAPE, "rows out of range");
@@ -64,6 +68,8 @@ int validate(const ddt_topk_combine_params* p) {
 }
 
 int validate(const ddt_tree_build_params* p) {
+  const char* kname = "tree_build";
+  clear_error();
   if (!p) return fail(DDT_ERR_NULL, "tree_build: params is null");
   DDT_CHECK_RANGE(p->budget >= 1 && p->budget <= DDT_MAX_BUDGET, DDT_ERR_BUDGET, "budget must be 1..DDT_MAX_BUDGET");
   DDT_CHECK_RANGE(p->depth >= 1 && p->depth <= DDT_MAX_DEPTH, DDT_ERR_DEPTH, "depth must be 1..DDT_MAX_DEPTH");
@@ -88,6 +94,8 @@ int validate(const ddt_tree_build_params* p) {
 }
 
 int validate(const ddt_sample_keys_params* p) {
+  const char* kname = "sample_keys";
+  clear_error();
   if (!p) return fail(DDT_ERR_NULL, "sample_keys: params is null");
   DDT_CHECK_RANGE(std::isfinite(p->temperature) && p->temperature >= 0.0f, DDT_ERR_TEMPERATURE,
                   "temperature must be finite and >= 0");
@@ -106,6 +114,8 @@ int validate(const ddt_sample_keys_params* p) {
 }
 
 int validate(const ddt_accept_params* p) {
+  const char* kname = "accept";
+  clear_error();
   if (!p) return fail(DDT_ERR_NULL, "accept: params is null");
   DDT_CHECK_RANGE(p->batch >= 0 && p->batch <= 65535, DDT_ERR_SHAPE, "batch out of range 0..65535");
   DDT_CHECK_RANGE(p->n >= 1 && p->n <= DDT_MAX_BUDGET + 1, DDT_ERR_SHAPE, "n (tree width) out of range");

@@ -25,7 +25,7 @@ extern "C" int ddt_topk_shard_cpu(const ddt_topk_shard_params* p) {
       keys[v] = num::pack_key(x[v], uint32_t(v));
       if (!num::is_nan(x[v]) && x[v] > m) m = x[v];
     }
-    if (nan) *p->status |= DDT_DATA_NAN_LOGIT;
+    if (nan || m == -num::kNegInf) *p->status |= DDT_DATA_NAN_LOGIT;  // NaN or +inf logit
     uint64_t sum = 0;  // exact integer sum: order-free
     if (m != num::kNegInf)
       for (int v = 0; v < p->vocab; ++v) sum += kern::exp_fixed(x[v], m);

@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kThreads) topk_shard_kernel(ddt_topk_shard_par
   });
   if (__syncthreads_or(nan) && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
   m = block_max_f(m, s);
+  if (threadIdx.x == 0 && m == -num::kNegInf) atomicOr(p.status, DDT_DATA_NAN_LOGIT);  // +inf logit
 
   uint64_t sum = 0;
   bool summed = false;
@@ -270,7 +271,7 @@ __global__ void __launch_bounds__(kCombineThreads) topk_combine_kernel(ddt_topk_
       rank += lo;
     }
     if (rank < K) {
-      p.out_logprobs[int64_t(r) * K + rank] = logprob(p.values[idx(s, j)], lse_s);
+      p.out_logprobs[int64_t(r) * K + rank] = logprob(num::key_value(c), lse_s);  // as the CPU twin
       p.out_ids[int64_t(r) * K + rank] = p.ids[idx(s, j)];
     }
   }

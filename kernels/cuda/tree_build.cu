@@ -198,7 +198,8 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
     s_score[0] = 0.0f; s_pay[0] = 0; s_push[0] = -1;
     sc.f_count[0] = 0;
     const float v = lp_s[0];
-    if (v > num::kNegInf) { f_score(0)[0] = v; f_pay(0)[0] = pack_cand(0, 1, 0, 0); f_push(0)[0] = -1; sc.f_count[0] = 1; }
+    if (v > num::kNegInf) { f_score(0)[0] = DDT_ADD(0.0f, v);  // root score + log-prob (-0 -> +0, as the heap)
+      f_pay(0)[0] = pack_cand(0, 1, 0, 0); f_push(0)[0] = -1; sc.f_count[0] = 1; }
     // Rank-0 chain scores, summed root to leaf as the heap sums them.
     sc.chain[0] = 0.0f;
     int d = 0;
@@ -509,23 +510,26 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   if (threadIdx.x == 0) p.node_count[b] = n + 1;
 }
 
-// Largest dynamic shared memory a CTA may use on this device (opted in once).
+// Largest dynamic shared memory a CTA may use on the current device, opted in once per device (the
+// attribute applies to the device current when it is set). -1 when the query or the opt-in fails.
 int max_dynamic_smem() {
-  static const int bytes = [] {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1;
-    }
-    optin -= int(sizeof(Scalars)) + 64;
-    if (cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1;
-    }
-    return optin;
-  }();
-  return bytes;
+  constexpr int kMaxDevices = 64;
+  static int bytes[kMaxDevices] = {};  // 0 = not yet asked
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) { (void)cudaGetLastError(); return -1; }
+  if (bytes[dev] > 0) return bytes[dev];
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  optin -= int(sizeof(Scalars)) + 64;
+  if (cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  bytes[dev] = optin;
+  return optin;
 }
 
 }  // namespace
@@ -541,7 +545,8 @@ extern "C" int ddt_tree_build_cuda(const ddt_tree_build_params* p, void* stream)
   // Path: serial up to budget 64 (measured faster there: its per-pop cost beats the rounds path's block
   // barriers, docs/PERF_NOTES.md step 5), rounds above with the largest capacity that fits; 0 = serial.
   int cs = p->budget > kSerialMaxBudget ? rounds_capacity(p->budget) : 0;
-  while (cs > 0 && plan(p->depth, p->k, p->budget, cs).bytes > size_t(limit)) cs = cs > p->budget + 1 ? cs / 2 : 0;
+  while (cs > 0 && plan(p->depth, p->k, p->budget, cs).bytes > size_t(limit)) cs /= 2;
+  if (cs < p->budget + 1) cs = 0;  // a set that cannot hold B + 1 candidates never completes
   const TreeSmemPlan t = plan(p->depth, p->k, p->budget, cs);
   if (t.bytes > size_t(limit))
     return fail(DDT_ERR_SHAPE, "tree_build: depth x k x budget needs more shared memory than this GPU has");

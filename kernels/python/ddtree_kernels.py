@@ -13,6 +13,7 @@ input's library and device. Errors raise DDTreeError with the library's message.
     out = dk.accept(keys, tree, max_path=L + 1, max_new=max_new, stop_ids=stops)
 
 The library is found through $DDTREE_KERNELS_LIB, else build*/lib/libddtree_kernels.so under the repo.
+PyTorch tensors need torch >= 2.3 (unsigned dtypes torch.uint32 / torch.uint64 for keys and status words).
 """
 from __future__ import annotations
 
@@ -154,8 +155,9 @@ def _ptr(x) -> int:
 def _call(name: str, params, ref):
     L = lib()
     if _is_cuda(ref):
-        stream = torch.cuda.current_stream(ref.device).cuda_stream
-        rc = getattr(L, f"ddt_{name}_cuda")(ctypes.byref(params), ctypes.c_void_p(stream))
+        with torch.cuda.device(ref.device):  # the kernels launch on the current device
+            stream = torch.cuda.current_stream(ref.device).cuda_stream
+            rc = getattr(L, f"ddt_{name}_cuda")(ctypes.byref(params), ctypes.c_void_p(stream))
     else:
         rc = getattr(L, f"ddt_{name}_cpu")(ctypes.byref(params))
     if rc != 0:
@@ -186,10 +188,11 @@ def status_value(st) -> int:
 def topk_shard(logits, k: int, vocab_offset: int = 0, status=None):
     """[rows, vocab] f32 -> (values [rows, k] f32, ids [rows, k] i32, lse [rows] f32). Rows may be strided."""
     rows, vocab = logits.shape
-    ld = logits.stride(0) if _is_torch(logits) else logits.strides[0] // logits.itemsize
-    if (_is_torch(logits) and logits.stride(1) != 1) or (not _is_torch(logits) and logits.strides[1] != logits.itemsize):
+    is_f32 = (logits.dtype == torch.float32) if _is_torch(logits) else (logits.dtype == np.float32)
+    unit_stride = logits.stride(1) == 1 if _is_torch(logits) else logits.strides[1] == logits.itemsize
+    if not (is_f32 and unit_stride):  # any other dtype or column stride: a contiguous f32 copy
         logits = _as(logits, logits, "f32")
-        ld = vocab
+    ld = logits.stride(0) if _is_torch(logits) else logits.strides[0] // logits.itemsize
     vals, ids, lse = _like(logits, (rows, k), "f32"), _like(logits, (rows, k), "i32"), _like(logits, (rows,), "f32")
     st = status if status is not None else _status_word(logits)
     p = _TopkShard(_ptr(logits), ld, rows, vocab, vocab_offset, k, _ptr(vals), _ptr(ids), _ptr(lse), _ptr(st))
@@ -247,16 +250,20 @@ def accept(keys, tree: dict, max_path: int, max_new, stop_ids=(), status=None) -
     """Walks each tree with the per-node target keys. Returns path, path_len, new_tokens, num_new, bonus, finished."""
     batch, n = keys.shape
     ref = keys
+    keys = _as(ref, keys, "u64")
     tokens, parents = _as(ref, tree["tokens"], "i32"), _as(ref, tree["parents"], "i32")
     count = _as(ref, tree["node_count"], "i32")
-    max_new = _as(ref, max_new, "i32")
-    stops = _as(ref, list(stop_ids), "i32") if len(stop_ids) else None
+    if tuple(tokens.shape) != (batch, n) or tuple(parents.shape) != (batch, n) or tuple(count.shape) != (batch,):
+        raise ValueError(f"accept: tree arrays must be [batch, n] = [{batch}, {n}] and node_count [batch]")
+    max_new = _as(ref, np.broadcast_to(to_numpy(max_new), (batch,)), "i32")
+    stop_list = [int(x) for x in to_numpy(stop_ids).reshape(-1)] if len(stop_ids) else []
+    stops = _as(ref, stop_list, "i32") if stop_list else None
     out = {"path": _like(ref, (batch, max_path), "i32"), "new_tokens": _like(ref, (batch, max_path), "i32")}
     for f in ("path_len", "num_new", "bonus", "finished"):
         out[f] = _like(ref, (batch,), "i32")
     st = status if status is not None else _status_word(ref)
     p = _Accept(_ptr(keys), _ptr(tokens), _ptr(parents), _ptr(count), batch, n, max_path, _ptr(max_new), _ptr(stops),
-                len(stop_ids), _ptr(out["path"]), _ptr(out["path_len"]), _ptr(out["new_tokens"]),
+                len(stop_list), _ptr(out["path"]), _ptr(out["path_len"]), _ptr(out["new_tokens"]),
                 _ptr(out["num_new"]), _ptr(out["bonus"]), _ptr(out["finished"]), _ptr(st))
     _call("accept", p, ref)
     out["status"] = st

@@ -223,6 +223,33 @@ TEST(TreeBuildGpu, ExactTieDraftsMatchCpuTwin) {
   }
 }
 
+// Heap-ordered drafts whose first log-prob is -0.0 (a certain token): the rounds path (budget > 64,
+// no overflow) must store +0 scores as the heap does (-0 + ... stays -0 if seeded raw).
+TEST(TreeBuildGpu, NegativeZeroLogProbOnTheRoundsPath) {
+  for (int budget : {65, 100, 512}) {
+    const int batch = 4, depth = 8, k = 128;
+    test::Draft d{batch, depth, k, k, std::vector<float>(size_t(batch) * depth * k), std::vector<int32_t>(size_t(batch) * depth * k)};
+    for (int b = 0; b < batch; ++b)
+      for (int l = 0; l < depth; ++l)
+        for (int r = 0; r < k; ++r) {
+          const size_t i = (size_t(b) * depth + l) * k + r;
+          d.lp[i] = r == 0 ? -0.0f : -0.05f * float(r) - 0.5f * float(b);  // sorted descending
+          d.ids[i] = r;
+        }
+    std::vector<int32_t> roots(batch, 1), prefix(batch, 10);
+    test::Tree h(batch, budget);
+    auto hp = h.params(d, roots, prefix, budget);
+    ASSERT_EQ(ddt_tree_build_cpu(&hp), DDT_OK);
+    DevBuf<float> dlp(d.lp);
+    DevBuf<int32_t> dids(d.ids), droots(roots), dprefix(prefix);
+    DevTree g(batch, budget);
+    auto gp = g.params(dlp.ptr, dids.ptr, droots.ptr, dprefix.ptr, depth, k, budget);
+    ASSERT_EQ(ddt_tree_build_cuda(&gp, nullptr), DDT_OK) << ddt_last_error_message();
+    SCOPED_TRACE(testing::Message() << "budget " << budget);
+    g.expect_equal(h);
+  }
+}
+
 namespace {
 struct AcceptCase { int batch, budget, depth, vocab; float temperature; };
 }  // namespace
@@ -298,7 +325,7 @@ INSTANTIATE_TEST_SUITE_P(Sweep, AcceptGpu, ::testing::Values(
 // The whole per-step device pipeline (top-K -> combine -> tree build -> keys -> accept) captured once in
 // a CUDA graph and replayed with fresh inputs copied in place; each replay checked against the CPU twins.
 TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
-  const int batch = 8, L = 8, K = 64, B = 64, V = 4096, N = B + 1, mp = L + 1;
+  const int batch = 8, L = 8, K = 64, B = 96, V = 4096, N = B + 1, mp = L + 1;  // B > 64: the rounds path
   cudaStream_t s;
   GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   DevBuf<float> d_draft(size_t(batch) * L * V), d_vals(size_t(batch) * L * K), d_lse(size_t(batch) * L),
@@ -369,6 +396,9 @@ TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
     bitwise_equal(d_path.download(), path, "path");
     bitwise_equal(d_nt.download(), nt, "new_tokens");
     bitwise_equal(d_bo.download(), bo, "bonus");
+    bitwise_equal(d_pl.download(), pl, "path_len");
+    bitwise_equal(d_nn.download(), nn, "num_new");
+    bitwise_equal(d_fi.download(), fi, "finished");
     for (int b = 0; b < batch; ++b) total_accepted += pl[b] - 1;
   }
   EXPECT_GT(total_accepted, 0);

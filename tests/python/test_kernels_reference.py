@@ -75,7 +75,7 @@ def ref_tree_build(lp, ids, root, prefix, budget):
         seq += 1
 
     if lp[0, 0] > -np.inf:
-        push(F32(lp[0, 0]), 0, 1, 0)
+        push(F32(F32(0) + lp[0, 0]), 0, 1, 0)
     while len(tok) - 1 < budget and heap:
         _, _, p, d, r, s = heapq.heappop(heap)
         i = len(tok)
@@ -266,6 +266,15 @@ def test_accept_against_plain_decoding_walk(backend, temperature):
         assert host(out["bonus"])[b] == toks[-1]
         accepted += len(path) - 1
     assert accepted > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_topk_converts_other_dtypes(dtype):
+    rng = np.random.default_rng(7)
+    x = random_logits(rng, 3, 50, tie=0.0, ninf=0.0).astype(dtype)
+    vals, ids, lse = dk.topk_shard(x, 5)
+    order, _ = ref_topk(x.astype(np.float32), 5)
+    np.testing.assert_array_equal(ids, order)
 
 
 def test_errors_raise_with_message():

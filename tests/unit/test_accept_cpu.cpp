@@ -227,6 +227,8 @@ TEST(AcceptCpu, MalformedInputsSetStatusNotCrash) {
   EXPECT_EQ(a.status, uint32_t(DDT_DATA_BAD_INDEX));
   EXPECT_EQ(a.num_new[1], 0);
   EXPECT_EQ(a.path_len[1], 1);
+  EXPECT_EQ(a.finished[1], 3);
+  EXPECT_EQ(a.bonus[1], -1);
   EXPECT_GE(a.num_new[0], 1);  // the other request is unaffected
 }
 

@@ -95,6 +95,22 @@ TEST(TopkCpu, AllMinusInfAndNanRows) {
   EXPECT_EQ(lp[k], 0.0f);
 }
 
+TEST(TopkCpu, PlusInfinityLogitIsFlaggedAndTakesAllTheMass) {
+  std::vector<float> x = {test::kInf, 1.0f, 0.0f, -1.0f};
+  std::vector<float> vals(2), lse(1), lp(2);
+  std::vector<int32_t> ids(2), out_ids(2);
+  uint32_t status = 0;
+  ddt_topk_shard_params p{x.data(), 4, 1, 4, 0, 2, vals.data(), ids.data(), lse.data(), &status};
+  ASSERT_EQ(ddt_topk_shard_cpu(&p), DDT_OK);
+  EXPECT_EQ(status, uint32_t(DDT_DATA_NAN_LOGIT));
+  EXPECT_EQ(lse[0], test::kInf);
+  ddt_topk_combine_params cp{vals.data(), ids.data(), lse.data(), 1, 1, 2, lp.data(), out_ids.data()};
+  ASSERT_EQ(ddt_topk_combine_cpu(&cp), DDT_OK);
+  EXPECT_EQ(out_ids[0], 0);
+  EXPECT_EQ(lp[0], 0.0f);
+  EXPECT_EQ(lp[1], -test::kInf);
+}
+
 class TopkCombineCpu : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(TopkCombineCpu, ShardedEqualsUnsharded) {

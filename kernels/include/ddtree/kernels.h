@@ -40,17 +40,18 @@ typedef enum ddt_status {
   DDT_ERR_TEMPERATURE = 6, /* temperature < 0, NaN or inf */
   DDT_ERR_NO_CUDA = 7,     /* this build has no cuda backend, or no GPU is present */
   DDT_ERR_CUDA = 8,        /* a CUDA runtime call failed (ddt_last_error_message() says which) */
+  DDT_ERR_VALUE = 9,       /* a scalar argument out of range (verify attention: softmax_scale) */
 } ddt_status;
 
 /* ---- data status word bits (OR-ed into *status by kernels) ---- */
-#define DDT_DATA_NAN_LOGIT 0x1u   /* a NaN logit / log-prob was seen: treated as -inf, the row goes on */
-#define DDT_DATA_BAD_INDEX 0x2u   /* a tree / token index out of range: that request is skipped */
+#define DDT_DATA_NAN_LOGIT 0x1u   /* a NaN logit / log-prob (treated as -inf) or, in top-K, a +inf logit (lse = +inf) */
+#define DDT_DATA_BAD_INDEX 0x2u   /* malformed tree (node count out of range) or an empty key: that request is skipped */
 
 /* ---- limits ---- */
 #define DDT_MAX_BUDGET 512  /* nodes besides the root; N = budget + 1 <= 513 */
 #define DDT_MAX_DEPTH 32
 #define DDT_MAX_TOPK 1024   /* K of the top-K kernel */
-#define DDT_MAX_VOCAB (1 << 19) /* columns per shard: keeps the fixed-point exp sum below 2^63 */
+#define DDT_MAX_VOCAB (1 << 19) /* global vocabulary (vocab_offset + columns): keeps the fixed-point exp sum below 2^63 */
 
 const char* ddt_status_string(int status);
 /* Detail of the last error returned on this thread (names the argument or the CUDA call). */
@@ -80,8 +81,10 @@ typedef struct ddt_topk_shard_params {
 
 /* Combine S shards' top-K lists into the global top-K log-probs: global lse = log-sum-exp of the shard
  * lses folded in shard order; the S*k candidates are merged by (value desc, id asc) skipping id -1;
- * log-prob = value - global lse. With S = 1 this is just log_softmax restricted to the top-K. Token ids must
- * be unique across shards (disjoint vocabulary slices). CPU and CUDA outputs are bitwise identical. */
+ * log-prob = value - global lse. With S = 1 this is just log_softmax restricted to the top-K.
+ * Preconditions (the topk_shard output always meets them; the CUDA kernel relies on them): each shard's list
+ * is sorted by (value desc, id asc) with id -1 padding only at its tail, and ids are unique across shards
+ * (disjoint vocabulary slices). Under them CPU and CUDA outputs are bitwise identical. */
 typedef struct ddt_topk_combine_params {
   const float* values;   /* [shards, rows, k] f32 */
   const int32_t* ids;    /* [shards, rows, k] i32 */
@@ -172,7 +175,8 @@ typedef struct ddt_accept_params {
   int32_t* new_tokens;         /* [batch, max_path] emitted tokens; -1 padded */
   int32_t* num_new;            /* [batch] emitted tokens (after stop / max_new truncation) */
   int32_t* bonus;              /* [batch] target token at the last accepted node (next root token) */
-  int32_t* finished;           /* [batch] 0 running, 1 stop token, 2 max_new reached */
+  int32_t* finished;           /* [batch] 0 running, 1 stop token, 2 max_new reached, 3 bad data (see status;
+                                  path = {0}, num_new = 0, bonus = -1) */
   uint32_t* status;            /* [1] */
 } ddt_accept_params;
 
@@ -186,6 +190,73 @@ uint32_t ddt_float_order_bits(float x);          /* order-preserving; NaN maps l
 uint64_t ddt_pack_key(float value, int32_t token_id);
 int32_t ddt_key_token(uint64_t key);
 float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the noise sample keys use */
+
+/* ======================= 4. Tree-verify MLA attention (absorbed MLA over a paged latent KV cache) =======================
+ * reference/mla-verify-attention.md. bf16 values are passed as their uint16_t bit patterns (the upper half of
+ * an IEEE f32); ddt_f32_to_bf16 / ddt_bf16_to_f32 convert (round to nearest even).
+ *
+ * Request r (0 <= r < batch) owns the query rows (tree nodes) [node_offsets[r], node_offsets[r+1]), N_r of
+ * them, and has a prefix of P_r = prefix_lens[r] committed tokens. Its KV rows sit at token slots 0 .. P_r-1
+ * (prefix) and P_r .. P_r+N_r-1 (node i's own row, already written, at slot P_r + i); slot t lives in page
+ * page_table[r * max_pages + t / page_size] at offset t % page_size of kv_cache.
+ * For query row i (local node index i = row - node_offsets[r]) and head h:
+ *   key slot j in [0, P_r + N_r) is visible iff j < P_r or bit (j - P_r) of vis row `row` is set
+ *     (bit b = word b / 64, bit b % 64 of the row's vis_words u64 words; bits b >= N_r are ignored);
+ *   s_j  = softmax_scale * sum_{d < 576} q[row, h, d] * kv[j, d]        (q_lat . c_kv + q_pe . k_pe)
+ *   out[row, h, :] = sum_j softmax(s)_j * kv[j, 0:512]                  (V = the c_kv part of the row)
+ *   lse[row, h]    = ln(sum_j exp(s_j))  over visible j: natural log, of the SCALED scores
+ *                    (exp(s_j - lse) is the probability of key j).
+ * A row with no visible key gives out = 0, lse = -inf (cannot happen for a tree: a node sees itself).
+ * Rows [node_offsets[batch], total_nodes) belong to no request (padding, e.g. a CUDA graph captured for a
+ * maximum node count): out = 0, lse = -inf, no status bit.
+ * Data checks (device data, so in the kernel; a failure ORs DDT_DATA_BAD_INDEX into *status, nothing
+ * out of range is dereferenced, and the affected rows are written as NaN: out = bf16 NaN, lse = NaN):
+ *   - node_offsets must be 0 = off[0] <= off[1] <= ... <= off[batch] <= total_nodes; otherwise EVERY row of
+ *     the call is NaN;
+ *   - for each request with N_r >= 1: P_r >= 0, N_r <= 64 * vis_words, P_r + N_r <= max_pages * page_size,
+ *     and every page index it needs (page_table[r * max_pages + k] for k < ceil((P_r + N_r) / page_size)) in
+ *     [0, num_pages); otherwise that request's rows (only) are NaN. Unused page-table entries, pages and
+ *     slots beyond P_r + N_r are never read (they may hold anything, NaN included).
+ * Host-visible checks (return codes, nothing launched): null pointers (DDT_ERR_NULL), alignment
+ * (DDT_ERR_ALIGN: q, kv_cache, out 16 bytes; vis 8; the rest 4), batch / total_nodes / heads / page_size /
+ * max_pages / num_pages / vis_words ranges (DDT_ERR_SHAPE), softmax_scale finite and > 0 (DDT_ERR_VALUE).
+ * Numerics: _cpu accumulates in f64 (the reference; slow: for tests up to P ~ 2k); the CUDA oracle in f32 with an
+ * online softmax; outputs round to bf16 (nearest even). They agree to the correctness bar of
+ * reference/mla-verify-attention.md (in practice within 1 bf16 ulp), not bitwise. A row's result does not depend on the
+ * other rows of the batch (batch invariance), and keys are visited in a fixed order of their absolute slot,
+ * so a chain node i gives bitwise the result of decoding a single node at prefix P_r + i. */
+#define DDT_ATTN_DIM_QK 576  /* per query / cache row: 512 latent (c_kv, absorbed q_nope) + 64 rope */
+#define DDT_ATTN_DIM_V 512   /* output row: the latent part */
+#define DDT_ATTN_MAX_HEADS 256
+#define DDT_ATTN_MAX_ROWS (1 << 24) /* total_nodes */
+
+typedef struct ddt_verify_attn_params {
+  const uint16_t* q;            /* [total_nodes, heads, 576] bf16: absorbed q_nope (512) then roped q_pe (64) */
+  const uint16_t* kv_cache;     /* [num_pages, page_size, 576] bf16: c_kv (512) then roped k_pe (64) */
+  const int32_t* page_table;    /* [batch, max_pages] i32 physical page of each logical page */
+  const int32_t* prefix_lens;   /* [batch] i32 P_r: committed tokens before the tree */
+  const int32_t* node_offsets;  /* [batch + 1] i32 cumulative node counts, node_offsets[0] = 0 */
+  const uint64_t* vis;          /* [total_nodes, vis_words] u64 ancestor bitmask rows (bit i: tree node i) */
+  int batch;                    /* 0..65535 */
+  int total_nodes;              /* rows of q / out / lse / vis (>= node_offsets[batch]), 0..DDT_ATTN_MAX_ROWS */
+  int heads;                    /* local heads H, 1..DDT_ATTN_MAX_HEADS */
+  int page_size;                /* tokens per page, >= 1 */
+  int max_pages;                /* page-table row stride, >= 1 */
+  int64_t num_pages;            /* pages in kv_cache, >= 1 */
+  int vis_words;                /* W, u64 words per vis row, >= 1 */
+  float softmax_scale;          /* 1/sqrt(qk_nope + qk_rope) (times YaRN mscale^2): finite, > 0 */
+  uint16_t* out;                /* [total_nodes, heads, 512] bf16 */
+  float* lse;                   /* [total_nodes, heads] f32 natural-log sum of exp(scaled scores) */
+  uint32_t* status;             /* [1] data status word */
+} ddt_verify_attn_params;
+
+int ddt_verify_attn_cpu(const ddt_verify_attn_params* p);
+/* The oracle: one CTA per (row, head), f32, no host sync, no allocation, CUDA-graph safe. */
+int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void* stream);
+
+/* bf16 <-> f32 (the conversions both backends use; round to nearest even, NaN stays a quiet NaN). */
+uint16_t ddt_f32_to_bf16(float x);
+float ddt_bf16_to_f32(uint16_t h);
 
 #ifdef __cplusplus
 }
