@@ -3,7 +3,7 @@
 // One CTA (256 threads) per request; bitwise the CPU twin's trees. Two selection paths fill the same node
 // arrays (node i = the i-th pop):
 //
-// 1. Rounds (budgets above 64). The heap's items form a binary "push tree": an item's pusher is its previous
+// 1. Rounds (budgets above 16). The heap's items form a binary "push tree": an item's pusher is its previous
 //    sibling (rank r - 1) or, for a rank-0 item, its parent; an item's key never exceeds its pusher's. The
 //    heap pops items in descending (score, then push order); push order among equal scores is the pop
 //    order of the pushers, then sibling before child. So the B pops are the B first items of that total
@@ -16,7 +16,7 @@
 //    raises theta halfway to the frontier's best and retries. Sibling runs join in one step, so a phase
 //    takes about one generation per tree level. A bitonic sort by the exact pop order (equal scores
 //    compared through their pusher chains) gives the nodes.
-// 2. Serial (budgets up to 64, input that is not heap-ordered, and the fallback when the set overflows
+// 2. Serial (budgets up to 16, input that is not heap-ordered, and the fallback when the set overflows
 //    its shared-memory capacity, e.g. massive exact ties): warp 0
 //    simulates the heap: the frontier's slots are striped over the lanes, each lane caches its best key,
 //    a pop is a warp max-reduction of the keys' high halves, a ballot (a second reduction of the low halves
@@ -37,6 +37,19 @@ namespace ddtree::kern {
 namespace {
 
 constexpr int kThreads = 256;
+
+// Dev profiling (bench/dev/tree_profile.cu defines DDT_TREE_PROFILE): per CTA, clock64 stamps and counters
+// in g_tree_profile[blockIdx.x][16]. Compiled out otherwise.
+#ifdef DDT_TREE_PROFILE
+__device__ long long g_tree_profile[1024][16];
+#define DDT_PROF_STAMP(slot) do { if (threadIdx.x == 0) g_tree_profile[blockIdx.x][slot] = clock64(); } while (0)
+#define DDT_PROF_COUNT(slot) do { if (threadIdx.x == 0) ++g_tree_profile[blockIdx.x][slot]; } while (0)
+#define DDT_PROF_SET(slot, v) do { if (threadIdx.x == 0) g_tree_profile[blockIdx.x][slot] = (v); } while (0)
+#else
+#define DDT_PROF_STAMP(slot) do {} while (0)
+#define DDT_PROF_COUNT(slot) do {} while (0)
+#define DDT_PROF_SET(slot, v) do {} while (0)
+#endif
 constexpr unsigned kAll = 0xFFFFFFFFu;
 
 // Items of the rounds path: payload = parent candidate (11 bits) | depth (6) | rank (10) | kind (1: a
@@ -50,7 +63,8 @@ __device__ inline int cand_depth(uint32_t w) { return int((w >> 11) & 0x3Fu); }
 __device__ inline int cand_rank(uint32_t w) { return int((w >> 17) & 0x3FFu); }
 __device__ inline int cand_kind(uint32_t w) { return int((w >> 27) & 1u); }
 constexpr int kMaxCand = 2048;  // 11-bit candidate ids
-constexpr int kSerialMaxBudget = 64;  // budgets up to this use the serial path
+constexpr int kSerialMaxBudget = 16;  // budgets up to this use the serial path
+constexpr int kRankSortMax = 256;     // candidate sets up to this size are ordered by rank counting
 
 struct TreeSmemPlan {
   int Lc, Kc, N, cap, cs;  // cap: serial frontier slots; cs: rounds set / frontier capacity (0: serial only)
@@ -136,11 +150,18 @@ __device__ void select_bin(Scalars& sc, uint32_t need) {
 template <class OrderOf>
 __device__ uint32_t hist_theta(int count, OrderOf order_of, uint32_t need, Scalars& sc) {
   const int tid = threadIdx.x;
+  // Histogram adds are warp-aggregated (__match_any_sync): scores crowd into few bins, and per-item
+  // atomics on one bin serialize.
+  auto add = [&](bool valid, uint32_t bin) {
+    const unsigned peers = __match_any_sync(kAll, valid ? bin : 0xFFFFFFFFu);
+    if (valid && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sc.hist[bin], uint32_t(__popc(peers)));
+  };
   for (int i = tid; i < 256; i += kThreads) sc.hist[i] = 0;
   __syncthreads();
-  for (int i = tid; i < count; i += kThreads) {
-    const uint32_t o = order_of(i);
-    if (o) atomicAdd(&sc.hist[o >> 24], 1u);
+  for (int base = 0; base < count; base += kThreads) {  // uniform trip count: every lane reaches the match
+    const int i = base + tid;
+    const uint32_t o = i < count ? order_of(i) : 0u;
+    add(o != 0u, o >> 24);
   }
   __syncthreads();
   if (tid < 32) select_bin(sc, need);
@@ -151,9 +172,10 @@ __device__ uint32_t hist_theta(int count, OrderOf order_of, uint32_t need, Scala
   __syncthreads();
   for (int i = tid; i < 256; i += kThreads) sc.hist[i] = 0;
   __syncthreads();
-  for (int i = tid; i < count; i += kThreads) {
-    const uint32_t o = order_of(i);
-    if (o && (o >> 24) == b1) atomicAdd(&sc.hist[(o >> 16) & 0xFFu], 1u);
+  for (int base = 0; base < count; base += kThreads) {
+    const int i = base + tid;
+    const uint32_t o = i < count ? order_of(i) : 0u;
+    add(o != 0u && (o >> 24) == b1, (o >> 16) & 0xFFu);
   }
   __syncthreads();
   if (tid < 32) select_bin(sc, need - above);
@@ -224,6 +246,7 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
     if (have >= B || fc == 0 || sc.overflow) break;
     const uint32_t need = uint32_t(B - have);
     const int nxt = cur ^ 1;
+    DDT_PROF_COUNT(8);  // phases
     // theta, three ways (at least `need` new items score >= theta in each):
     //  - first phase: a lower bound on the B-th best score of all items, the B-th best among the
     //    "chain" items (rank-0 ancestors only, any last rank): their scores are computable at once and
@@ -240,7 +263,10 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
         const float v = lp_s[i];
         return (d < sc.chain_depth && v > num::kNegInf) ? num::order_bits(DDT_ADD(sc.chain[d], v)) : 0u;
       };
-      for (int i = tid; i < Lc * Kc; i += kThreads) if (chain_order(i)) atomicAdd(&sc.valid, 1u);
+      uint32_t mine = 0;
+      for (int i = tid; i < Lc * Kc; i += kThreads) mine += chain_order(i) != 0u;
+      mine = __reduce_add_sync(kAll, mine);  // one atomic per warp, not per item
+      if ((tid & 31) == 0 && mine) atomicAdd(&sc.valid, mine);
       __syncthreads();
       if (sc.valid >= need) {
         const uint32_t th = hist_theta(Lc * Kc, chain_order, need, sc);
@@ -265,12 +291,14 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
     // Attempts: expand with theta; if the set or the next frontier overflows, raise theta halfway to the
     // frontier's best (in order bits) and retry from the phase's start; at theta = best, a real overflow
     // (massive exact ties) hands the request to the serial path.
+    DDT_PROF_STAMP(2);  // theta chosen (last phase)
     const int s0 = sc.s_count;
     uint32_t theta = sc.theta;
     const uint32_t fmax = sc.fmax;
     while (true) {
       __syncthreads();
       if (tid == 0) { sc.s_count = s0; sc.f_count[nxt] = 0; sc.overflow = 0; }
+      DDT_PROF_COUNT(9);  // attempts
       __syncthreads();
       for (int i = tid; i < fc; i += kThreads) place(f_score(cur)[i], f_pay(cur)[i], f_push(cur)[i], theta, nxt);
       __syncthreads();
@@ -282,6 +310,7 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
         const int gen_end = sc.gen_end;
         if (gen_begin >= gen_end || sc.overflow) break;
         __syncthreads();  // everyone has read gen_end before new items are appended
+        DDT_PROF_COUNT(10);  // generations
         for (int x = gen_begin + tid; x < gen_end; x += kThreads) {
           const uint32_t pay = s_pay[x];
           const int pa = cand_parent(pay), d = cand_depth(pay), r = cand_rank(pay);
@@ -293,15 +322,18 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
           if (!(pay & kSiblingDone) && r + 1 < K && r + 1 < Kc) {
             const float sp = s_score[pa];
             const float* row = lp_s + (d - 1) * Kc;
-            int m = 0;  // run length
-            while (r + 1 + m < K && r + 1 + m < Kc) {
-              const float v = row[r + 1 + m];
-              if (!(v > num::kNegInf) || num::order_bits(DDT_ADD(sp, v)) < theta) break;
-              ++m;
+            // Run length by binary search: rows are sorted and NaN-free on this path, so "scores >= theta"
+            // holds for a prefix of the ranks.
+            int m = 0, hi = (K < Kc ? K : Kc) - (r + 1);
+            while (m < hi) {
+              const int mid = (m + hi) >> 1;
+              const float v = row[r + 1 + mid];
+              if (v > num::kNegInf && num::order_bits(DDT_ADD(sp, v)) >= theta) m = mid + 1; else hi = mid;
             }
             int last = x;
             if (m > 0) {
               const int at = atomicAdd(&sc.s_count, m);
+#pragma unroll 4
               for (int j = 0; j < m; ++j) {
                 if (at + j >= cs) { sc.overflow = 1; break; }
                 s_score[at + j] = DDT_ADD(sp, row[r + 1 + j]);
@@ -331,13 +363,36 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
     __syncthreads();
   }
   if (sc.overflow) return;
-  // Sort the set's candidates 1..count-1 by pop order (bitonic, descending = first pop first).
+  DDT_PROF_STAMP(3);  // set complete
+  // Order the set's candidates 1..count by pop order. Small sets: each candidate's rank is the number of
+  // candidates that pop before it (all threads read the same candidate at once: broadcast loads, no
+  // barriers). Large sets: a bitonic sort.
   const int count = sc.s_count - 1;
+  if (count <= kRankSortMax) {
+    for (int i = tid; i < count; i += kThreads) {
+      const int a = i + 1;
+      const uint32_t oa = num::order_bits(s_score[a]);
+      int rank = 0, ties = 0;  // strictly higher scores, and equal scores (a itself included)
+#pragma unroll 8
+      for (int j = 1; j <= count; ++j) {
+        const uint32_t oj = num::order_bits(s_score[j]);
+        rank += oj > oa;
+        ties += oj == oa;
+      }
+      if (ties > 1)  // rare: equal scores are ordered through the pusher chains
+        for (int j = 1; j <= count; ++j)
+          if (j != a && num::order_bits(s_score[j]) == oa && pops_before(j, a, s_score, s_pay, s_push)) ++rank;
+      sorted[rank] = uint16_t(a);
+    }
+    __syncthreads();
+  }
   int n2 = 1;
   while (n2 < count) n2 <<= 1;
-  for (int i = tid; i < n2; i += kThreads) sorted[i] = i < count ? uint16_t(i + 1) : uint16_t(0xFFFF);
-  __syncthreads();
-  for (int size = 2; size <= n2; size <<= 1)
+  if (count > kRankSortMax) {
+    for (int i = tid; i < n2; i += kThreads) sorted[i] = i < count ? uint16_t(i + 1) : uint16_t(0xFFFF);
+    __syncthreads();
+  }
+  for (int size = 2; count > kRankSortMax && size <= n2; size <<= 1)
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = tid; i < (n2 >> 1); i += kThreads) {
         const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
@@ -349,6 +404,8 @@ __device__ void select_rounds(const TreeSmemPlan& t, unsigned char* smem, const 
       }
       __syncthreads();
     }
+  DDT_PROF_STAMP(4);  // sorted
+  DDT_PROF_SET(11, count);
   const int n = count < B ? count : B;
   if (tid == 0) { node_of[0] = 0; sc.n = n; }
   for (int k = tid; k < n; k += kThreads) node_of[sorted[k]] = int16_t(k + 1);
@@ -445,6 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   int32_t* fc_s = reinterpret_cast<int32_t*>(smem + t.off_fc);
   int32_t* ns_s = reinterpret_cast<int32_t*>(smem + t.off_ns);
 
+  DDT_PROF_STAMP(0);
   const int b = blockIdx.x, N = t.N, L = p.depth, K = p.k, B = p.budget, Kc = t.Kc;
   const float* lp = p.logprobs + int64_t(b) * L * K;
   // The rounds path needs a heap-ordered push tree: log-probs <= 0, rows sorted descending, no NaN (the
@@ -459,6 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   for (int i = threadIdx.x; i < N; i += kThreads) { fc_s[i] = -1; ns_s[i] = -1; }
   unordered = __syncthreads_or(unordered);
 
+  DDT_PROF_STAMP(1);  // log-probs staged
   bool done = false;
   if (cs > 0 && !unordered) {
     select_rounds(t, smem, lp_s, L, K, B, node_pay, node_score, node_prev, sc);
@@ -473,6 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   }
   __syncthreads();
 
+  DDT_PROF_STAMP(5);  // selection done
   const int n = sc.n;
   // Child lists: siblings pop in rank order (rank r + 1 is pushed when rank r pops), so a parent's first
   // child is its rank-0 child and a node's next sibling is the node whose item it pushed. NaN flags: the
@@ -508,6 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   const int W = vis_words(N);
   for (int i = threadIdx.x; i < N; i += kThreads) write_vis_row(par_s, i, W, p.vis + (o + i) * W);
   if (threadIdx.x == 0) p.node_count[b] = n + 1;
+  DDT_PROF_STAMP(6);
 }
 
 // Largest dynamic shared memory a CTA may use on the current device, opted in once per device (the
@@ -542,7 +603,7 @@ extern "C" int ddt_tree_build_cuda(const ddt_tree_build_params* p, void* stream)
   if (p->batch == 0) return DDT_OK;
   const int limit = max_dynamic_smem();
   if (limit < 0) return fail(DDT_ERR_CUDA, "tree_build: cannot query or opt in to dynamic shared memory");
-  // Path: serial up to budget 64 (measured faster there: its per-pop cost beats the rounds path's block
+  // Path: serial up to budget 16 (measured faster there: its per-pop cost beats the rounds path's block
   // barriers, docs/PERF_NOTES.md step 5), rounds above with the largest capacity that fits; 0 = serial.
   int cs = p->budget > kSerialMaxBudget ? rounds_capacity(p->budget) : 0;
   while (cs > 0 && plan(p->depth, p->k, p->budget, cs).bytes > size_t(limit)) cs /= 2;
