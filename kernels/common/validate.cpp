@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/bf16.h"
 #include "kernels/common/numerics.h"
 
 namespace ddtree::kern {
@@ -137,6 +138,34 @@ int validate(const ddt_accept_params* p) {
   return DDT_OK;
 }
 
+int validate(const ddt_verify_attn_params* p) {
+  const char* kname = "verify_attn";
+  clear_error();
+  if (!p) return fail(DDT_ERR_NULL, "verify_attn: params is null");
+  DDT_CHECK_RANGE(p->batch >= 0 && p->batch <= 65535, DDT_ERR_SHAPE, "batch out of range 0..65535");
+  DDT_CHECK_RANGE(p->total_nodes >= 0 && p->total_nodes <= DDT_ATTN_MAX_ROWS, DDT_ERR_SHAPE,
+                  "total_nodes out of range 0..DDT_ATTN_MAX_ROWS");
+  DDT_CHECK_RANGE(p->heads >= 1 && p->heads <= DDT_ATTN_MAX_HEADS, DDT_ERR_SHAPE, "heads out of range 1..256");
+  DDT_CHECK_RANGE(p->page_size >= 1, DDT_ERR_SHAPE, "page_size must be >= 1");
+  DDT_CHECK_RANGE(p->max_pages >= 1, DDT_ERR_SHAPE, "max_pages (page-table row stride) must be >= 1");
+  DDT_CHECK_RANGE(p->num_pages >= 1 && p->num_pages <= (int64_t(1) << 40) / p->page_size, DDT_ERR_SHAPE,
+                  "num_pages out of range");
+  DDT_CHECK_RANGE(p->vis_words >= 1 && p->vis_words <= (1 << 16), DDT_ERR_SHAPE, "vis_words out of range 1..65536");
+  DDT_CHECK_RANGE(std::isfinite(p->softmax_scale) && p->softmax_scale > 0.0f, DDT_ERR_VALUE,
+                  "softmax_scale must be finite and > 0");
+  // Device data (node counts, prefix lengths, page indices) is checked in the kernels: DDT_DATA_BAD_INDEX.
+  DDT_CHECK_PTR(p->q, 16);
+  DDT_CHECK_PTR(p->kv_cache, 16);
+  DDT_CHECK_PTR(p->page_table, 4);
+  DDT_CHECK_PTR(p->prefix_lens, 4);
+  DDT_CHECK_PTR(p->node_offsets, 4);
+  DDT_CHECK_PTR(p->vis, 8);
+  DDT_CHECK_PTR(p->out, 16);
+  DDT_CHECK_PTR(p->lse, 4);
+  DDT_CHECK_PTR(p->status, 4);
+  return DDT_OK;
+}
+
 }  // namespace ddtree::kern
 
 extern "C" {
@@ -152,6 +181,7 @@ const char* ddt_status_string(int status) {
     case DDT_ERR_TEMPERATURE: return "temperature must be finite and >= 0";
     case DDT_ERR_NO_CUDA: return "cuda backend unavailable (not built, or no GPU)";
     case DDT_ERR_CUDA: return "CUDA runtime error";
+    case DDT_ERR_VALUE: return "scalar argument out of range";
     default: return "unknown status";
   }
 }
@@ -161,6 +191,8 @@ const char* ddt_last_error_message(void) { return ddtree::kern::g_last_error_ptr
 uint32_t ddt_float_order_bits(float x) { return ddtree::num::order_bits(x); }
 uint64_t ddt_pack_key(float value, int32_t token_id) { return ddtree::num::pack_key(value, uint32_t(token_id)); }
 int32_t ddt_key_token(uint64_t key) { return int32_t(ddtree::num::key_id(key)); }
+uint16_t ddt_f32_to_bf16(float x) { return ddtree::num::f32_to_bf16(x); }
+float ddt_bf16_to_f32(uint16_t h) { return ddtree::num::bf16_to_f32(h); }
 float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id) {
   return ddtree::num::gumbel(seed, position, uint32_t(token_id));
 }

@@ -19,6 +19,7 @@ int validate(const ddt_topk_combine_params* p);
 int validate(const ddt_tree_build_params* p);
 int validate(const ddt_sample_keys_params* p);
 int validate(const ddt_accept_params* p);
+int validate(const ddt_verify_attn_params* p);
 
 
 }  // namespace ddtree::kern

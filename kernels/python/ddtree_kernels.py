@@ -11,6 +11,7 @@ input's library and device. Errors raise DDTreeError with the library's message.
     tree = dk.tree_build(lp.reshape(B, L, k), ids.reshape(B, L, k), roots, prefix_lens, budget=64)
     keys = dk.sample_keys(target_logits, tree["positions"], seeds, temperature=0.0)
     out = dk.accept(keys, tree, max_path=L + 1, max_new=max_new, stop_ids=stops)
+    o, lse, st = dk.verify_attn(q, kv, page_table, prefix_lens, node_offsets, vis, softmax_scale, page_size)
 
 The library is found through $DDTREE_KERNELS_LIB, else build*/lib/libddtree_kernels.so under the repo.
 PyTorch tensors need torch >= 2.3 (unsigned dtypes torch.uint32 / torch.uint64 for keys and status words).
@@ -73,6 +74,15 @@ class _Accept(ctypes.Structure):
                                                   "status")]
 
 
+class _VerifyAttn(ctypes.Structure):
+    _fields_ = [("q", ctypes.c_void_p), ("kv_cache", ctypes.c_void_p), ("page_table", ctypes.c_void_p),
+                ("prefix_lens", ctypes.c_void_p), ("node_offsets", ctypes.c_void_p), ("vis", ctypes.c_void_p),
+                ("batch", ctypes.c_int), ("total_nodes", ctypes.c_int), ("heads", ctypes.c_int),
+                ("page_size", ctypes.c_int), ("max_pages", ctypes.c_int), ("num_pages", ctypes.c_int64),
+                ("vis_words", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("out", ctypes.c_void_p),
+                ("lse", ctypes.c_void_p), ("status", ctypes.c_void_p)]
+
+
 _lib = None
 
 
@@ -95,7 +105,7 @@ def lib():
         _lib.ddt_status_string.restype = ctypes.c_char_p
         _lib.ddt_gumbel.restype = ctypes.c_float
         _lib.ddt_gumbel.argtypes = [ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32]
-        for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept"):
+        for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept", "verify_attn"):
             getattr(_lib, f"ddt_{name}_cpu").argtypes = [ctypes.c_void_p]
             getattr(_lib, f"ddt_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return _lib
@@ -114,11 +124,12 @@ def _is_cuda(x) -> bool:
     return _is_torch(x) and x.is_cuda
 
 
-_NP = {"f32": np.float32, "i32": np.int32, "u64": np.uint64, "u32": np.uint32}
+_NP = {"f32": np.float32, "i32": np.int32, "u64": np.uint64, "u32": np.uint32, "bf16": np.uint16}
 
 
 def _torch_dtype(kind):
-    return {"f32": torch.float32, "i32": torch.int32, "u64": torch.uint64, "u32": torch.uint32}[kind]
+    return {"f32": torch.float32, "i32": torch.int32, "u64": torch.uint64, "u32": torch.uint32,
+            "bf16": torch.bfloat16}[kind]
 
 
 def _like(ref, shape, kind, fill=None):
@@ -173,6 +184,8 @@ def to_numpy(x) -> np.ndarray:
     if not _is_torch(x):
         return np.asarray(x)
     x = x.detach().cpu()
+    if x.dtype == torch.bfloat16:  # bf16 bit patterns as uint16 (bf16_to_f32 widens them)
+        return x.view(torch.int16).numpy().view(np.uint16)
     if x.dtype == torch.uint64:
         return x.view(torch.int64).numpy().view(np.uint64)
     if x.dtype == torch.uint32:
@@ -274,3 +287,106 @@ def key_token(keys):
     """Token id packed in argmax keys (u64)."""
     keys = to_numpy(keys)
     return (np.uint64(0xFFFFFFFF) - (np.asarray(keys, dtype=np.uint64) & np.uint64(0xFFFFFFFF))).astype(np.int64)
+
+
+# ---- tree-verify MLA attention (kernels.h section 4) ----
+ATTN_DIM_QK = 576  # 512 latent (c_kv / absorbed q_nope) + 64 rope
+ATTN_DIM_V = 512
+
+
+def bf16_from_f32(x) -> np.ndarray:
+    """float array -> bf16 bit patterns (np.uint16), round to nearest even, NaN stays NaN (as the library)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    r = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    r[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
+    return r
+
+
+def bf16_to_f32(h) -> np.ndarray:
+    """bf16 bit patterns (uint16 array, or a torch.bfloat16 tensor) -> float32 (exact)."""
+    h = to_numpy(h)
+    return (np.ascontiguousarray(h, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _aligned(x, align: int):
+    """x itself when its data is `align`-byte aligned, else an aligned copy (the kernels need 16 bytes)."""
+    if _ptr(x) % align == 0:
+        return x
+    if _is_torch(x):
+        return x.clone()
+    buf = np.empty(x.nbytes + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    y = buf[off:off + x.nbytes].view(x.dtype).reshape(x.shape)
+    y[...] = x
+    return y
+
+
+def _as_bf16(ref, x, name: str):
+    """bf16 data on ref's library/device: torch -> torch.bfloat16 (other float dtypes are rounded);
+    numpy -> uint16 bit patterns (float arrays are rounded with bf16_from_f32)."""
+    if _is_torch(ref):
+        if not _is_torch(x):
+            a = np.asarray(x)
+            x = torch.from_numpy(np.ascontiguousarray(a.view(np.int16) if a.dtype == np.uint16 else bf16_from_f32(a).view(np.int16))).view(torch.bfloat16)
+        elif x.dtype != torch.bfloat16:
+            if x.dtype in (torch.int16, torch.uint16):
+                x = x.view(torch.bfloat16)
+            else:
+                x = x.to(torch.bfloat16)
+        return _aligned(x.to(device=ref.device).contiguous(), 16)
+    if _is_torch(x):
+        x = to_numpy(x)
+    a = np.asarray(x)
+    if a.dtype != np.uint16:
+        if not np.issubdtype(a.dtype, np.floating):
+            raise TypeError(f"verify_attn: {name} must be bf16 bits (uint16) or floats, got {a.dtype}")
+        a = bf16_from_f32(a)
+    return _aligned(np.ascontiguousarray(a), 16)
+
+
+def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
+                status=None):
+    """Tree-verify MLA attention over a paged latent KV cache (semantics: kernels.h section 4).
+
+    q [total_nodes, H, 576] and kv_cache [num_pages, page_size, 576] (or [num_pages * page_size, 576]) are bf16:
+    torch.bfloat16 tensors (CUDA tensors run the CUDA oracle on the current stream, CPU tensors the CPU twin) or
+    numpy uint16 bit patterns (float arrays are rounded to bf16 first; see bf16_from_f32). page_table
+    [batch, max_pages] i32, prefix_lens [batch] i32, node_offsets [batch + 1] i32 (request r owns rows
+    node_offsets[r] .. node_offsets[r+1]-1; rows past node_offsets[batch] are padding), vis [total_nodes, W] u64
+    ancestor bitmask rows. Returns (out [total_nodes, H, 512] bf16 (torch.bfloat16 / numpy uint16), lse
+    [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
+    DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
+    status array is OR-ed into and returned."""
+    if len(q.shape) != 3 or q.shape[2] != ATTN_DIM_QK:
+        raise ValueError(f"verify_attn: q must be [total_nodes, heads, {ATTN_DIM_QK}], got {tuple(q.shape)}")
+    total_nodes, heads = int(q.shape[0]), int(q.shape[1])
+    ref = q
+    q = _as_bf16(ref, q, "q")
+    kv = _as_bf16(ref, kv_cache, "kv_cache")
+    if kv.shape[-1] != ATTN_DIM_QK or len(kv.shape) not in (2, 3):
+        raise ValueError(f"verify_attn: kv_cache must be [num_pages, page_size, {ATTN_DIM_QK}] or [slots, {ATTN_DIM_QK}]")
+    if len(kv.shape) == 3 and int(kv.shape[1]) != page_size:
+        raise ValueError(f"verify_attn: kv_cache.shape[1] = {kv.shape[1]} != page_size {page_size}")
+    slots = int(np.prod([int(d) for d in kv.shape[:-1]]))
+    if page_size < 1 or slots % page_size:
+        raise ValueError(f"verify_attn: {slots} cache slots are not a whole number of pages of {page_size}")
+    page_table = _as(ref, page_table, "i32")
+    if len(page_table.shape) != 2:
+        raise ValueError("verify_attn: page_table must be [batch, max_pages]")
+    batch, max_pages = int(page_table.shape[0]), int(page_table.shape[1])
+    prefix_lens = _as(ref, prefix_lens, "i32").reshape(-1)
+    node_offsets = _as(ref, node_offsets, "i32").reshape(-1)
+    if prefix_lens.shape[0] != batch or node_offsets.shape[0] != batch + 1:
+        raise ValueError(f"verify_attn: prefix_lens must be [{batch}] and node_offsets [{batch + 1}]")
+    vis = _as(ref, vis, "u64")
+    if len(vis.shape) != 2 or vis.shape[0] != total_nodes:
+        raise ValueError(f"verify_attn: vis must be [total_nodes = {total_nodes}, W]")
+    out = _aligned(_like(ref, (total_nodes, heads, ATTN_DIM_V), "bf16"), 16)
+    lse = _like(ref, (total_nodes, heads), "f32")
+    st = status if status is not None else _status_word(ref)
+    p = _VerifyAttn(_ptr(q), _ptr(kv), _ptr(page_table), _ptr(prefix_lens), _ptr(node_offsets), _ptr(vis), batch,
+                    total_nodes, heads, page_size, max_pages, slots // page_size, int(vis.shape[1]),
+                    float(softmax_scale), _ptr(out), _ptr(lse), _ptr(st))
+    _call("verify_attn", p, ref)
+    return out, lse, st

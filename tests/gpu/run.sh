@@ -24,6 +24,12 @@ step gpu_tests "$c/test_kernels_gpu" ${GTEST_ARGS:-}
 [ "${SKIP_PY:-0}" = 1 ] || step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
 [ "${SKIP_DEMO:-0}" = 1 ] || step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
 if [ "${SKIP_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
+# Tree-verify attention (issue 5): oracle vs CPU twin / brute force; the oracle's benchmark (SKIP_ATTN=1 skips
+# both, SKIP_BENCH=1 the benchmark; ATTN_BENCH_ARGS=--quick for the short table).
+if [ "${SKIP_ATTN:-0}" != 1 ]; then
+  step verify_attn_gpu "$c/test_verify_attn_gpu" ${ATTN_GTEST_ARGS:-}
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then TAIL=80 step bench_verify_attn "$c/bench_verify_attn" ${ATTN_BENCH_ARGS:-}; fi
+fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | sed 's/^/after: /' | tee -a "$out/gpu.txt"
 echo "== summary"
 fail=0

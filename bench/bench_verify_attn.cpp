@@ -1,0 +1,288 @@
+// Benchmark (and check) of tree-verify MLA attention on the GPU: the CUDA oracle (ddt_verify_attn_cuda)
+// on the shapes of reference/mla-verify-attention.md: P in {512, 2k, 8k, 32k, 128k} x T in {1, 8, 16, 32,
+// 64, 128}, H = 8, page size 64, fixed batch per P (64 at 512 and 2k, 32 at 8k and 32k, 8 at 128k) and
+// batch 1; random bushy trees (the mask does not change the oracle's cost much: it visits every slot).
+// The oracle is the correctness reference, not a fast kernel: these numbers are the baseline the flash
+// kernels (issue 5, part 2) are compared against.
+//
+// usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S]
+//   --quick            P in {2k, 32k} x T in {1, 16, 64}, fixed batch only
+//   --min-fraction F   exit 1 if a shape's fraction of the roofline is below F (default 0: no floor)
+//   --max-est-s S      skip shapes whose estimated oracle time exceeds S seconds (default 2; printed)
+//
+// Formulas (in the code below, per request, H heads; the reference file's H = 8 numbers generalised):
+//   bytes = 1152 (P + T) + 2176 H T        (KV rows once, 576 bf16 each; Q 576 + O 512 bf16 per row and head)
+//   FLOPs = 2176 H T (P + T)               (QK 576 + PV 512 multiply-adds per row, head and key, x2)
+//   roofline time = max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s)   (the reference file's fixed ceilings)
+//   fraction = roofline time / measured time. The same-run device copy bandwidth is printed beside it.
+// Timing: every sample is one launch between CUDA events, after a 256 MB memset that flushes L2
+// (H200 L2: 60 MB); median of 3-9 samples. Checking: before timing, 3 sampled (row, head) pairs of every
+// shape are recomputed on the host in double (all visible keys) and compared with the bar (out abs 8e-4 or
+// rel 2/128, lse abs 1e-6 or rel 8/65536); the status word must stay 0. A wrong result makes the program
+// exit 1 ("wrong results" at the end).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ddtree/kernels.h"
+#include "tests/attn/attn_util.h"
+#include "tests/gpu/gpu_util.h"
+
+using namespace ddtree::test::attn;
+using ddtree::test::DevBuf;
+
+namespace {
+
+constexpr double kCeilBw = 4.3e12, kCeilFlops = 790e12;  // reference/mla-verify-attention.md
+constexpr int kHeads = 8, kPage = 64, kMaxT = 128;
+int g_wrong = 0, g_below_floor = 0;
+
+#define BENCH_OK(call)                                                                                   \
+  do {                                                                                                   \
+    int rc_ = (call);                                                                                    \
+    if (rc_ != DDT_OK) {                                                                                 \
+      std::fprintf(stderr, "%s failed: %s (%s)\n", #call, ddt_status_string(rc_), ddt_last_error_message()); \
+      std::exit(1);                                                                                      \
+    }                                                                                                    \
+  } while (0)
+
+double copy_bandwidth_tbs(cudaStream_t s) {
+  const size_t bytes = size_t(2) << 30;
+  DevBuf<char> a(bytes), b(bytes);
+  a.poison(1);
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 6; ++i) {
+    GPU_CHECK(cudaEventRecord(e0, s));
+    GPU_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s));
+    GPU_CHECK(cudaEventRecord(e1, s));
+    GPU_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i > 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  GPU_CHECK(cudaEventDestroy(e0));
+  GPU_CHECK(cudaEventDestroy(e1));
+  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e12;
+}
+
+// Fast host bf16 noise: uniform in [-2, 2) from a xorshift (std::normal_distribution is too slow for
+// the 1.2 GB caches of the large shapes).
+struct Noise {
+  uint64_t x;
+  explicit Noise(uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return x; }
+  void fill(uint16_t* dst, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+      uint64_t r = next();
+      for (int k = 0; k < 4 && i < n; ++k, r >>= 16) dst[i++] = f32_bf16(float(int16_t(r & 0xFFFF)) / 16384.0f);
+    }
+  }
+};
+
+// One (P, batch) setup: the KV cache for P + kMaxT slots per request, pages randomly permuted, unused
+// page-table entries out of range. Queries and trees are made per T.
+struct Setup {
+  int P, batch, max_pages;
+  int64_t num_pages;
+  std::vector<uint16_t> kv;
+  std::vector<int32_t> page_table, prefix;
+  DevBuf<uint16_t> d_kv;
+  DevBuf<int32_t> d_pt, d_prefix;
+  Setup(int P_, int batch_, uint64_t seed) : P(P_), batch(batch_) {
+    max_pages = (P + kMaxT + kPage - 1) / kPage;
+    num_pages = int64_t(batch) * max_pages;
+    kv.resize(size_t(num_pages) * kPage * kQK);
+    Noise(seed).fill(kv.data(), kv.size());
+    std::vector<int32_t> perm(num_pages);
+    for (int64_t i = 0; i < num_pages; ++i) perm[i] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+    page_table.assign(perm.begin(), perm.end());
+    prefix.assign(batch, P);
+    d_kv = DevBuf<uint16_t>(kv);
+    d_pt = DevBuf<int32_t>(page_table);
+    d_prefix = DevBuf<int32_t>(prefix);
+  }
+};
+
+// Host reference for one (row, head): double, every visible key.
+void reference_row(const Setup& s, const std::vector<uint16_t>& q, const std::vector<uint64_t>& vis, int W, int T,
+                   int row, int h, float scale, std::vector<double>& out, double& lse) {
+  const int r = row / T;
+  const int64_t keys = int64_t(s.P) + T;
+  const uint16_t* qr = q.data() + (size_t(row) * kHeads + h) * kQK;
+  std::vector<double> qd(kQK), sc(keys, -INFINITY);
+  for (int d = 0; d < kQK; ++d) qd[d] = bf16_f32(qr[d]);
+  auto krow = [&](int64_t j) {
+    const int64_t page = s.page_table[size_t(r) * s.max_pages + j / kPage];
+    return s.kv.data() + (size_t(page) * kPage + size_t(j % kPage)) * kQK;
+  };
+  auto visible = [&](int64_t j) {
+    if (j < s.P) return true;
+    const int64_t b = j - s.P;
+    return ((vis[size_t(row) * W + b / 64] >> (b % 64)) & 1) != 0;
+  };
+  double m = -INFINITY;
+  for (int64_t j = 0; j < keys; ++j) {
+    if (!visible(j)) continue;
+    const uint16_t* k = krow(j);
+    double a = 0;
+    for (int d = 0; d < kQK; ++d) a += qd[d] * bf16_f32(k[d]);
+    sc[j] = scale * a;
+    m = std::max(m, sc[j]);
+  }
+  out.assign(kV, 0.0);
+  double sum = 0;
+  for (int64_t j = 0; j < keys; ++j) {
+    if (!visible(j)) continue;
+    const double e = std::exp(sc[j] - m);
+    sum += e;
+    const uint16_t* k = krow(j);
+    for (int d = 0; d < kV; ++d) out[d] += e * bf16_f32(k[d]);
+  }
+  for (auto& o : out) o /= sum;
+  lse = m + std::log(sum);
+}
+
+void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est_s, double min_fraction,
+               DevBuf<char>& flush) {
+  const int batch = st.batch, P = st.P, total = batch * T, W = (T + 63) / 64;
+  const double bytes = double(batch) * (1152.0 * (P + T) + 2176.0 * kHeads * T);
+  const double flops = double(batch) * 2176.0 * kHeads * T * (P + T);
+  const double roof_us = std::max(bytes / kCeilBw, flops / kCeilFlops) * 1e6;
+  // Oracle estimate: every (row, head) CTA streams all P + T rows through L2 (~3 TB/s effective, pessimistic).
+  const double est_s = double(total) * kHeads * (P + T) * 1152.0 / 3e12;
+  if (est_s > max_est_s) {
+    std::printf("| %d | %d | %d | skipped: oracle estimated %.1f s > --max-est-s %.1f | | | | %.1f | | | |\n", P, T, batch,
+                est_s, max_est_s, roof_us);
+    return;
+  }
+  // Queries and bushy trees (node i's parent uniform in [0, i)).
+  std::mt19937_64 rng(uint64_t(P) * 131 + T * 7 + batch);
+  std::vector<uint16_t> q(size_t(total) * kHeads * kQK);
+  Noise(rng()).fill(q.data(), q.size());
+  std::vector<uint64_t> vis(size_t(total) * W, 0);
+  std::vector<int32_t> offsets(batch + 1);
+  for (int r = 0; r <= batch; ++r) offsets[r] = r * T;
+  for (int r = 0; r < batch; ++r)
+    for (int i = 0; i < T; ++i) {
+      uint64_t* row = vis.data() + size_t(r * T + i) * W;
+      if (i > 0) std::memcpy(row, vis.data() + size_t(r * T + int(rng() % i)) * W, size_t(W) * 8);
+      row[i / 64] |= uint64_t(1) << (i % 64);
+    }
+  DevBuf<uint16_t> dq(q), dout(size_t(total) * kHeads * kV);
+  DevBuf<uint64_t> dvis(vis);
+  DevBuf<int32_t> doff(offsets);
+  DevBuf<float> dlse(size_t(total) * kHeads);
+  DevBuf<uint32_t> dst(1);
+  dst.poison(0);
+  dout.poison(0xFF);
+  const float scale = 0.1352337f;  // 1/sqrt(192) x YaRN mscale^2 (Kimi-K2 / DeepSeek-V3 style)
+  ddt_verify_attn_params prm{dq.ptr, st.d_kv.ptr, st.d_pt.ptr, st.d_prefix.ptr, doff.ptr, dvis.ptr, batch, total,
+                             kHeads, kPage, st.max_pages, st.num_pages, W, scale, dout.ptr, dlse.ptr, dst.ptr};
+  BENCH_OK(ddt_verify_attn_cuda(&prm, s));
+  GPU_CHECK(cudaStreamSynchronize(s));
+  // Check sampled rows.
+  const std::vector<uint16_t> out = dout.download();
+  const std::vector<float> lse = dlse.download();
+  bool ok = dst.download()[0] == 0;
+  const int samples[3][2] = {{0, 0}, {total - 1, kHeads - 1}, {total / 2, 3 % kHeads}};
+  double worst = 0;
+  for (const auto& sm : samples) {
+    std::vector<double> ro;
+    double rl;
+    reference_row(st, q, vis, W, T, sm[0], sm[1], scale, ro, rl);
+    const size_t base = (size_t(sm[0]) * kHeads + sm[1]) * kV;
+    for (int d = 0; d < kV; ++d) {
+      const double e = std::abs(double(bf16_f32(out[base + d])) - ro[d]);
+      worst = std::max(worst, e);
+      if (!(e <= 8e-4 || e <= 2.0 / 128 * std::abs(ro[d]))) ok = false;
+    }
+    const double le = std::abs(double(lse[size_t(sm[0]) * kHeads + sm[1]]) - rl);
+    if (!(le <= 1e-6 || le <= 8.0 / 65536 * std::abs(rl))) ok = false;
+  }
+  g_wrong += !ok;
+  // Time: one launch per sample, L2 flushed before each.
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  const int n = est_s > 0.05 ? 3 : (est_s > 0.002 ? 5 : 9);
+  std::vector<float> ms;
+  for (int i = 0; i < n; ++i) {
+    GPU_CHECK(cudaMemsetAsync(flush.ptr, i & 0xFF, flush.n, s));
+    GPU_CHECK(cudaEventRecord(e0, s));
+    BENCH_OK(ddt_verify_attn_cuda(&prm, s));
+    GPU_CHECK(cudaEventRecord(e1, s));
+    GPU_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  GPU_CHECK(cudaEventDestroy(e0));
+  GPU_CHECK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  const double us = ms[ms.size() / 2] * 1e3;
+  const double tbs = bytes / (us * 1e-6) / 1e12, tflops = flops / (us * 1e-6) / 1e12, frac = roof_us / us;
+  if (frac < min_fraction) ++g_below_floor;
+  std::printf("| %d | %d | %d | %.1f | %.3f | %.1f | %.1f | %.4f | %.3f | %s (worst abs err %.1e) |\n", P, T, batch, us,
+              tbs, tflops, roof_us, frac, tbs / copy_tbs, ok ? "yes" : "NO", worst);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  double min_fraction = 0.0, max_est_s = 2.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--min-fraction" && i + 1 < argc) min_fraction = std::atof(argv[++i]);
+    else if (a == "--max-est-s" && i + 1 < argc) max_est_s = std::atof(argv[++i]);
+    else { std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S]\n"); return 2; }
+  }
+  if (!ddt_cuda_available()) {
+    std::printf("bench_verify_attn: no GPU visible; nothing to measure\n");
+    return 77;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_tbs = copy_bandwidth_tbs(s);
+  DevBuf<char> flush(size_t(256) << 20);
+  std::printf("# bench_verify_attn: the ORACLE kernel (one CTA per row and head, f32, no tensor cores) on %s (%d SMs)\n",
+              prop.name, prop.multiProcessorCount);
+  std::printf("# same-run device copy %.2f TB/s (read + write); roofline ceilings fixed at 4.3 TB/s and 790 TFLOP/s "
+              "(reference/mla-verify-attention.md); H = %d, page size %d, bushy trees, L2 flushed before each sample\n",
+              copy_tbs, kHeads, kPage);
+  std::printf("# bytes = batch x (1152 (P+T) + 2176 H T); FLOPs = batch x 2176 H T (P+T); fraction = roofline us / us\n\n");
+  std::printf("| P | T | batch | us | TB/s | TFLOP/s | roofline us | fraction of roofline | fraction of copy BW | "
+              "checked vs host f64 |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<int> Ps = {512, 2048, 8192, 32768, 131072}, Ts = {1, 8, 16, 32, 64, 128};
+  if (quick) { Ps = {2048, 32768}; Ts = {1, 16, 64}; }
+  auto fixed_batch = [](int P) { return P <= 2048 ? 64 : (P <= 32768 ? 32 : 8); };
+  for (int P : Ps)
+    for (int batch : {fixed_batch(P), 1}) {
+      if (quick && batch == 1) continue;
+      Setup st(P, batch, uint64_t(P) * 3 + batch);
+      for (int T : Ts) run_shape(s, st, T, copy_tbs, max_est_s, min_fraction, flush);
+    }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\nwrong results: %d; shapes below --min-fraction %.3f: %d; wall time %.1f s\n", g_wrong, min_fraction,
+              g_below_floor, wall);
+  GPU_CHECK(cudaStreamDestroy(s));
+  return (g_wrong || g_below_floor) ? 1 : 0;
+}

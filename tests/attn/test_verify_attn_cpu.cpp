@@ -1,0 +1,313 @@
+// Tree-verify MLA attention, CPU twin (ddt_verify_attn_cpu) against an independent brute force
+// (tests/attn/attn_util.h: dense gather through the page table, mask from the parent array, double
+// softmax), on the sweep of reference/mla-verify-attention.md that a CPU can afford in CI (a few
+// seconds): T in {1, 2, 7, 8, 9, 63, 64, 65, 128, 513}, chain / star / deep / bushy / random trees, P in
+// {0, 1, 63, 64, 65, 300}, page sizes 1, 64 and odd ones, H in {1, 8, 16}, mixed batches with empty
+// requests and padding rows; poison that must not change anything; bad indices; argument errors; chain ==
+// causal; bf16 conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "ddtree/kernels.h"
+#include "tests/attn/attn_util.h"
+
+using namespace ddtree::test::attn;
+
+namespace {
+
+struct Case {
+  const char* name;
+  uint64_t seed;
+  std::vector<ReqSpec> reqs;
+  int heads, page_size, extra_rows = 0, extra_words = 0;
+  float q_scale = 1.0f;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  os << c.name << " H=" << c.heads << " page=" << c.page_size << " reqs=";
+  for (auto& r : c.reqs) os << "(P" << r.prefix << ",N" << r.nodes << "," << shape_name(r.shape) << ")";
+  return os;
+}
+
+Options opts(const Case& c) {
+  Options o;
+  o.heads = c.heads;
+  o.page_size = c.page_size;
+  o.extra_rows = c.extra_rows;
+  o.extra_words = c.extra_words;
+  o.q_scale = c.q_scale;
+  return o;
+}
+
+const std::vector<Case>& sweep() {
+  using S = Shape;
+  static const std::vector<Case> cases = {
+      {"T1_P0", 1, {{0, 1, S::kChain}}, 1, 1},
+      {"T2_P1", 2, {{1, 2, S::kChain}}, 8, 64},
+      {"T7_P63_star_odd_page", 3, {{63, 7, S::kStar}}, 16, 7},
+      {"T8_P64_deep", 4, {{64, 8, S::kDeep}}, 8, 64},
+      {"T9_P65_bushy_page1", 5, {{65, 9, S::kBushy}}, 16, 1},
+      {"T63_P300_random", 6, {{300, 63, S::kRandom}}, 8, 64},
+      {"T64_P0_page3", 7, {{0, 64, S::kBushy}}, 16, 3},
+      {"T65_P64_two_words", 8, {{64, 65, S::kBushy}}, 8, 64, 0, 1},
+      {"T128_P65_deep_page1", 9, {{65, 128, S::kDeep}}, 2, 1},
+      {"T128_P1_peaky", 10, {{1, 128, S::kRandom}}, 1, 64, 0, 0, 6.0f},
+      {"mixed_H16", 11, {{0, 1, S::kChain}, {300, 17, S::kDeep}, {63, 9, S::kStar}, {1, 128, S::kBushy}, {64, 8, S::kChain}},
+       16, 64, 5},
+      {"mixed_odd_page_empty", 12, {{65, 64, S::kStar}, {0, 7, S::kChain}, {5, 0}, {300, 2, S::kChain}, {1, 63, S::kRandom}},
+       8, 5, 3},
+      {"T513_max_tree", 13, {{40, 513, S::kRandom}}, 1, 64, 0, 0, 3.0f},
+      {"batch_empty_only_padding", 14, {{7, 0}}, 8, 64, 4},
+  };
+  return cases;
+}
+
+class VerifyAttnCpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(VerifyAttnCpu, TwinMatchesBruteForce) {
+  const Case& c = GetParam();
+  const Problem p = make_problem(c.seed, c.reqs, opts(c));
+  const Result got = run_cpu(p);
+  ASSERT_EQ(got.rc, DDT_OK) << ddt_last_error_message();
+  EXPECT_EQ(got.status, 0u);
+  const Ref ref = brute_force(p);
+  const Report rep = compare_to_ref(got.out, got.lse, ref, c.heads, twin_tol());
+  EXPECT_TRUE(rep.ok) << rep.str();
+}
+
+// Poison in what must not be read (unused pages, slots past P + N, unused page-table entries, vis bits
+// past N, padding rows' q / vis) and in the output buffer before the call changes nothing, bitwise.
+TEST_P(VerifyAttnCpu, PoisonChangesNothing) {
+  const Case& c = GetParam();
+  int64_t cost = 0;  // (row, head, key) triples
+  for (const auto& r : c.reqs) cost += int64_t(r.nodes) * c.heads * (r.prefix + r.nodes);
+  if (cost > 150000) GTEST_SKIP() << "large case: poison is covered by the smaller ones (CI time)";
+  Options clean = opts(c);
+  clean.poison = false;
+  const Problem pp = make_problem(c.seed, c.reqs, opts(c)), pc = make_problem(c.seed, c.reqs, clean);
+  const Result a = run_cpu(pp, 0xFFFF), b = run_cpu(pc, 0x1234, DDT_DATA_NAN_LOGIT);
+  ASSERT_EQ(a.rc, DDT_OK);
+  ASSERT_EQ(b.rc, DDT_OK);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0);
+  EXPECT_EQ(b.status, DDT_DATA_NAN_LOGIT) << "the status word is never cleared";
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, VerifyAttnCpu, ::testing::ValuesIn(sweep()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A chain tree is the causal mask: node i sees slots 0 .. P + i. Checked against the brute force with
+// an explicit causal mask, and bitwise against the twin decoding one node at prefix P + i.
+TEST(VerifyAttnCpu, ChainEqualsCausal) {
+  for (int page : {1, 64, 5}) {
+    Options o;
+    o.heads = 8;
+    o.page_size = page;
+    const int P = 65, N = 20;
+    const Problem p = make_problem(21 + page, {{P, N, Shape::kChain}}, o);
+    const Result got = run_cpu(p);
+    const Ref causal = brute_force(p, [&](int, int i, int64_t j) { return j <= P + i; });
+    const Report rep = compare_to_ref(got.out, got.lse, causal, o.heads, twin_tol());
+    EXPECT_TRUE(rep.ok) << "page " << page << ": " << rep.str();
+    for (int i = 0; i < N; ++i) {
+      // Decode node i alone: prefix P + i (its ancestors become prefix), one node (itself) at slot P + i.
+      Problem d = p;
+      d.prefix = {P + i};
+      d.offsets = {0, 1};
+      d.total_nodes = 1;
+      d.q.assign(p.q.begin() + size_t(i) * o.heads * kQK, p.q.begin() + size_t(i + 1) * o.heads * kQK);
+      d.vis.assign(size_t(d.W), 0);
+      d.vis[0] = 1;
+      const Result one = run_cpu(d);
+      ASSERT_EQ(one.rc, DDT_OK);
+      EXPECT_EQ(0, std::memcmp(one.out.data(), got.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
+          << "page " << page << " node " << i;
+      EXPECT_EQ(0, std::memcmp(one.lse.data(), got.lse.data() + size_t(i) * o.heads, one.lse.size() * 4));
+    }
+  }
+}
+
+// A row whose mask shows no key at all (P = 0, empty vis row): out 0, lse -inf. Padding rows likewise.
+TEST(VerifyAttnCpu, NoVisibleKeyAndPaddingRows) {
+  Options o;
+  o.heads = 2;
+  o.extra_rows = 2;
+  Problem p = make_problem(31, {{0, 3, Shape::kChain}}, o);
+  std::fill(p.vis.begin() + size_t(1) * p.W, p.vis.begin() + size_t(2) * p.W, 0);  // node 1 sees nothing
+  const Result got = run_cpu(p);
+  ASSERT_EQ(got.rc, DDT_OK);
+  for (int row : {1, 3, 4})
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(got.lse[size_t(row) * 2 + h], -std::numeric_limits<float>::infinity()) << row;
+      for (int d = 0; d < kV; ++d) ASSERT_EQ(got.out[(size_t(row) * 2 + h) * kV + d], 0u) << row;
+    }
+  EXPECT_TRUE(std::isfinite(got.lse[0]) && std::isfinite(got.lse[4]));
+  EXPECT_EQ(got.status, 0u);
+}
+
+// Device-data errors: DDT_DATA_BAD_INDEX, the offending request's rows NaN, every other row exactly as
+// in a clean run. Malformed node_offsets poison every row.
+TEST(VerifyAttnCpu, BadIndicesPoisonOnlyTheirRequest) {
+  Options o;
+  o.heads = 4;
+  o.page_size = 16;
+  o.extra_rows = 1;
+  const std::vector<ReqSpec> reqs = {{40, 5, Shape::kBushy}, {100, 9, Shape::kDeep}, {0, 3, Shape::kChain}};
+  const Problem base = make_problem(41, reqs, o);
+  const Result clean = run_cpu(base);
+  ASSERT_EQ(clean.status, 0u);
+  struct Mutation {
+    const char* what;
+    std::function<void(Problem&)> apply;
+    int bad_request;  // -1: every row
+  };
+  const std::vector<Mutation> muts = {
+      {"page -1", [](Problem& p) { p.page_table[1 * p.max_pages + 2] = -1; }, 1},
+      {"page == num_pages", [](Problem& p) { p.page_table[1 * p.max_pages + 0] = int32_t(p.num_pages); }, 1},
+      {"last needed page huge", [](Problem& p) { p.page_table[0 * p.max_pages + 2] = 1 << 30; }, 0},
+      {"prefix < 0", [](Problem& p) { p.prefix[2] = -1; }, 2},
+      {"P + N beyond the page table row", [](Problem& p) { p.prefix[0] = p.max_pages * p.opt.page_size; }, 0},
+      {"N > 64 W", [](Problem& p) { p.offsets = {0, 5, 5 + 65, 5 + 65}; p.total_nodes = 70; p.reqs[1].nodes = 65;
+                                    p.q.resize(size_t(70) * p.opt.heads * kQK); p.vis.resize(size_t(70) * p.W); }, 1},
+      {"offsets decreasing", [](Problem& p) { p.offsets[2] = 4; }, -1},
+      {"offsets[0] != 0", [](Problem& p) { p.offsets[0] = 1; }, -1},
+      {"offsets end > total_nodes", [](Problem& p) { p.offsets[3] = p.total_nodes + 1; }, -1},
+  };
+  for (const auto& m : muts) {
+    SCOPED_TRACE(m.what);
+    Problem p = base;
+    m.apply(p);
+    const Result got = run_cpu(p);
+    ASSERT_EQ(got.rc, DDT_OK);
+    EXPECT_EQ(got.status, DDT_DATA_BAD_INDEX);
+    for (int row = 0; row < p.total_nodes; ++row) {
+      int owner = -1;
+      for (int r = 0; r < p.batch; ++r)
+        if (row >= p.offsets[r] && row < p.offsets[r + 1]) owner = r;
+      const bool expect_nan = m.bad_request < 0 || owner == m.bad_request;
+      for (int h = 0; h < o.heads; ++h) {
+        const size_t rh = size_t(row) * o.heads + h;
+        if (expect_nan) {
+          EXPECT_TRUE(std::isnan(got.lse[rh])) << "row " << row;
+          for (int d = 0; d < kV; ++d) ASSERT_EQ(got.out[rh * kV + d], kNaN16) << "row " << row;
+        } else if (p.total_nodes == base.total_nodes) {
+          EXPECT_EQ(0, std::memcmp(&got.lse[rh], &clean.lse[rh], 4)) << "row " << row;
+          EXPECT_EQ(0, std::memcmp(&got.out[rh * kV], &clean.out[rh * kV], kV * 2)) << "row " << row;
+        } else {
+          EXPECT_FALSE(std::isnan(got.lse[rh])) << "row " << row;
+        }
+      }
+    }
+  }
+}
+
+// Host-visible argument errors: a code and a message, nothing written.
+TEST(VerifyAttnCpu, ArgumentErrors) {
+  Options o;
+  o.heads = 2;
+  const Problem p = make_problem(51, {{3, 2, Shape::kChain}}, o);
+  std::vector<uint16_t> out(p.out_size() + 8, 0xABCD);
+  std::vector<float> lse(p.lse_size(), 7.0f);
+  uint32_t st = 0;
+  const auto good = p.host_params(out.data(), lse.data(), &st);
+  ASSERT_EQ(ddt_verify_attn_cpu(&good), DDT_OK);
+  std::fill(out.begin(), out.end(), 0xABCD);
+  std::fill(lse.begin(), lse.end(), 7.0f);
+  struct Bad {
+    const char* what;
+    std::function<void(ddt_verify_attn_params&)> apply;
+    int code;
+  };
+  const std::vector<Bad> bads = {
+      {"q null", [](auto& x) { x.q = nullptr; }, DDT_ERR_NULL},
+      {"kv null", [](auto& x) { x.kv_cache = nullptr; }, DDT_ERR_NULL},
+      {"page_table null", [](auto& x) { x.page_table = nullptr; }, DDT_ERR_NULL},
+      {"prefix null", [](auto& x) { x.prefix_lens = nullptr; }, DDT_ERR_NULL},
+      {"offsets null", [](auto& x) { x.node_offsets = nullptr; }, DDT_ERR_NULL},
+      {"vis null", [](auto& x) { x.vis = nullptr; }, DDT_ERR_NULL},
+      {"out null", [](auto& x) { x.out = nullptr; }, DDT_ERR_NULL},
+      {"lse null", [](auto& x) { x.lse = nullptr; }, DDT_ERR_NULL},
+      {"status null", [](auto& x) { x.status = nullptr; }, DDT_ERR_NULL},
+      {"q misaligned", [](auto& x) { x.q = x.q + 1; }, DDT_ERR_ALIGN},
+      {"kv misaligned", [](auto& x) { x.kv_cache = x.kv_cache + 4; }, DDT_ERR_ALIGN},
+      {"out misaligned", [](auto& x) { x.out = x.out + 2; }, DDT_ERR_ALIGN},
+      {"vis misaligned", [](auto& x) { x.vis = reinterpret_cast<const uint64_t*>(reinterpret_cast<const char*>(x.vis) + 4); }, DDT_ERR_ALIGN},
+      {"heads 0", [](auto& x) { x.heads = 0; }, DDT_ERR_SHAPE},
+      {"heads 257", [](auto& x) { x.heads = 257; }, DDT_ERR_SHAPE},
+      {"page_size 0", [](auto& x) { x.page_size = 0; }, DDT_ERR_SHAPE},
+      {"batch -1", [](auto& x) { x.batch = -1; }, DDT_ERR_SHAPE},
+      {"total_nodes -1", [](auto& x) { x.total_nodes = -1; }, DDT_ERR_SHAPE},
+      {"max_pages 0", [](auto& x) { x.max_pages = 0; }, DDT_ERR_SHAPE},
+      {"num_pages 0", [](auto& x) { x.num_pages = 0; }, DDT_ERR_SHAPE},
+      {"vis_words 0", [](auto& x) { x.vis_words = 0; }, DDT_ERR_SHAPE},
+      {"scale NaN", [](auto& x) { x.softmax_scale = std::nanf(""); }, DDT_ERR_VALUE},
+      {"scale inf", [](auto& x) { x.softmax_scale = std::numeric_limits<float>::infinity(); }, DDT_ERR_VALUE},
+      {"scale 0", [](auto& x) { x.softmax_scale = 0.0f; }, DDT_ERR_VALUE},
+      {"scale < 0", [](auto& x) { x.softmax_scale = -0.1f; }, DDT_ERR_VALUE},
+  };
+  for (const auto& b : bads) {
+    auto prm = good;
+    b.apply(prm);
+    EXPECT_EQ(ddt_verify_attn_cpu(&prm), b.code) << b.what;
+    EXPECT_NE(std::string(ddt_last_error_message()).find("verify_attn"), std::string::npos) << b.what;
+    // Without a GPU (or a cuda backend) the _cuda entry returns the same validation code first.
+    EXPECT_EQ(ddt_verify_attn_cuda(&prm, nullptr), b.code) << b.what;
+  }
+  EXPECT_EQ(ddt_verify_attn_cpu(nullptr), DDT_ERR_NULL);
+  for (uint16_t x : out) ASSERT_EQ(x, 0xABCD) << "an argument error wrote output";
+  for (float x : lse) ASSERT_EQ(x, 7.0f);
+  EXPECT_EQ(st, 0u);
+}
+
+// bf16 conversions of the library against the test's own (round half to even; NaN stays NaN; overflow
+// to inf) on special values and 10^5 random bit patterns, and exhaustive exact widening.
+TEST(VerifyAttnCpu, Bf16Conversions) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = ddt_bf16_to_f32(uint16_t(h));
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    ASSERT_EQ(u, h << 16);
+  }
+  auto check = [](float x) {
+    const uint16_t got = ddt_f32_to_bf16(x);
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(bf16_f32(got))) << x;
+      return;
+    }
+    ASSERT_EQ(got, f32_bf16(x)) << x;
+    // Nearest: no other bf16 is closer (checked in double).
+    const double d = std::abs(double(bf16_f32(got)) - x);
+    for (int s : {-1, 1}) {
+      const uint16_t n = uint16_t(got + s);
+      if (!std::isnan(bf16_f32(n)) && !std::isinf(double(bf16_f32(got)))) {
+        ASSERT_LE(d, std::abs(double(bf16_f32(n)) - x)) << x;
+      }
+    }
+  };
+  for (float x : {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f /* tie -> even (down) */, 1.01171875f /* tie -> even (up) */,
+                  3.3895314e38f /* the largest bf16 */, 3.3963e38f /* above its half-way point: inf */, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min(), std::nanf("")})
+    check(x);
+  EXPECT_EQ(ddt_f32_to_bf16(1.00390625f), 0x3F80);
+  EXPECT_EQ(ddt_f32_to_bf16(1.01171875f), 0x3F82);
+  EXPECT_EQ(ddt_f32_to_bf16(3.3961e38f), 0x7F7F);  // just below the half-way point to 2^128
+  EXPECT_EQ(ddt_f32_to_bf16(3.3963e38f), 0x7F80);  // just above it: +inf
+  uint32_t nan_low = 0x7F800001u;  // NaN whose payload is only in the low half: must stay NaN
+  float fn;
+  std::memcpy(&fn, &nan_low, 4);
+  EXPECT_TRUE(std::isnan(ddt_bf16_to_f32(ddt_f32_to_bf16(fn))));
+  std::mt19937_64 rng(61);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t u = uint32_t(rng());
+    float x;
+    std::memcpy(&x, &u, 4);
+    check(x);
+  }
+}
+
+}  // namespace

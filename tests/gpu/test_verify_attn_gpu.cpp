@@ -1,0 +1,374 @@
+// Tree-verify MLA attention on the GPU: the CUDA oracle (ddt_verify_attn_cuda) against the f64 CPU twin
+// and the independent brute force (tests/attn/attn_util.h), to the correctness bar of
+// reference/mla-verify-attention.md (out: abs 8e-4 or rel 2/128 per element, cosine difference < 5e-6;
+// lse: abs 1e-6 or rel 8/65536) and, tighter, within 1 bf16 ulp of the twin (except where both are below
+// 4e-6 apart). Also: bad page / offset data (status bit, NaN rows of that request only), chain node ==
+// single-node decode bitwise, batch invariance (a request's rows bitwise equal alone, in another batch
+// and at another position), CUDA graph capture + replay with new inputs in place (variable P and N
+// inside fixed capacities, padding rows), large prefixes (P = 16k) against the brute force on sampled
+// rows. Outputs are poisoned before every launch; inputs carry NaN in everything that must not be read.
+// Every comparison prints one line (max abs / rel error, cosine difference, max ulps) so the log alone
+// shows the margins. Exits 77 (ctest: skipped) when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "ddtree/kernels.h"
+#include "gpu_util.h"
+#include "tests/attn/attn_util.h"
+
+using namespace ddtree::test::attn;
+using ddtree::test::DevBuf;
+
+namespace {
+
+// A problem's inputs on the device plus output buffers.
+struct DevProblem {
+  DevBuf<uint16_t> q, kv, out;
+  DevBuf<int32_t> pt, prefix, offsets;
+  DevBuf<uint64_t> vis;
+  DevBuf<float> lse;
+  DevBuf<uint32_t> status;
+  explicit DevProblem(const Problem& p)
+      : q(p.q), kv(p.kv), out(p.out_size()), pt(p.page_table), prefix(p.prefix), offsets(p.offsets), vis(p.vis),
+        lse(p.lse_size()), status(1) {}
+  // Re-uploads p's inputs into the same buffers (sizes must match: graph replay).
+  void upload(const Problem& p, cudaStream_t s) {
+    ASSERT_EQ(p.q.size(), q.n); ASSERT_EQ(p.kv.size(), kv.n); ASSERT_EQ(p.page_table.size(), pt.n);
+    ASSERT_EQ(p.vis.size(), vis.n); ASSERT_EQ(p.prefix.size(), prefix.n);
+    q.upload(p.q, s); kv.upload(p.kv, s); pt.upload(p.page_table, s); prefix.upload(p.prefix, s);
+    offsets.upload(p.offsets, s); vis.upload(p.vis, s);
+  }
+  ddt_verify_attn_params params(const Problem& p) {
+    return p.params(q.ptr, kv.ptr, pt.ptr, prefix.ptr, offsets.ptr, vis.ptr, out.ptr, lse.ptr, status.ptr);
+  }
+  void poison_outputs(cudaStream_t s = nullptr) {
+    GPU_CHECK(cudaMemsetAsync(out.ptr, 0xFF, out.n * 2, s));      // bf16 NaN pattern
+    GPU_CHECK(cudaMemsetAsync(lse.ptr, 0x7F, lse.n * 4, s));      // f32 3.39e38: a finite, obviously wrong value
+    GPU_CHECK(cudaMemsetAsync(status.ptr, 0, 4, s));
+  }
+  Result result() {
+    Result r;
+    r.out = out.download();
+    r.lse = lse.download();
+    r.status = status.download()[0];
+    return r;
+  }
+};
+
+Result run_gpu(const Problem& p) {
+  DevProblem d(p);
+  d.poison_outputs();
+  auto prm = d.params(p);
+  Result r;
+  r.rc = ddt_verify_attn_cuda(&prm, nullptr);
+  EXPECT_EQ(r.rc, DDT_OK) << ddt_last_error_message();
+  Result got = d.result();
+  got.rc = r.rc;
+  return got;
+}
+
+struct Case {
+  const char* name;
+  uint64_t seed;
+  std::vector<ReqSpec> reqs;
+  int heads, page_size, extra_rows = 0, extra_words = 0;
+  float q_scale = 1.0f;
+};
+
+Options opts(const Case& c) {
+  Options o;
+  o.heads = c.heads;
+  o.page_size = c.page_size;
+  o.extra_rows = c.extra_rows;
+  o.extra_words = c.extra_words;
+  o.q_scale = c.q_scale;
+  return o;
+}
+
+std::vector<Case> sweep() {
+  using S = Shape;
+  std::vector<Case> cases = {
+      {"T1_P0", 1, {{0, 1, S::kChain}}, 1, 1},
+      {"T2_P1", 2, {{1, 2, S::kChain}}, 8, 64},
+      {"T7_P63_star_page7", 3, {{63, 7, S::kStar}}, 16, 7},
+      {"T8_P64_deep", 4, {{64, 8, S::kDeep}}, 8, 64},
+      {"T9_P65_bushy_page1", 5, {{65, 9, S::kBushy}}, 16, 1},
+      {"T63_P300_random", 6, {{300, 63, S::kRandom}}, 8, 64},
+      {"T64_P0_page3", 7, {{0, 64, S::kBushy}}, 16, 3},
+      {"T65_P64_two_words", 8, {{64, 65, S::kBushy}}, 8, 64, 0, 1},
+      {"T128_P65_deep_page1", 9, {{65, 128, S::kDeep}}, 8, 1},
+      {"T128_P1_peaky", 10, {{1, 128, S::kRandom}}, 8, 64, 0, 0, 6.0f},
+      {"mixed_H16", 11, {{0, 1, S::kChain}, {300, 65, S::kDeep}, {63, 9, S::kStar}, {1, 128, S::kBushy}, {64, 8, S::kChain}},
+       16, 64, 5},
+      {"mixed_page5_empty", 12, {{65, 64, S::kStar}, {0, 7, S::kChain}, {5, 0}, {300, 2, S::kChain}, {1, 63, S::kRandom}},
+       8, 5, 3},
+      {"T513_max_tree", 13, {{40, 513, S::kRandom}}, 8, 64, 0, 0, 3.0f},
+      {"padding_only", 14, {{7, 0}}, 8, 64, 4},
+      // Larger prefixes (the CPU twin is the reference up to P = 2k).
+      {"T64_P2048_page64", 15, {{2048, 64, S::kBushy}}, 8, 64},
+      {"T16_P2047_page1", 16, {{2047, 16, S::kDeep}}, 16, 1},
+      {"T128_P2049_chain", 17, {{2049, 128, S::kChain}}, 8, 64},
+      {"mixed_2k", 18, {{2048, 8, S::kStar}, {0, 33, S::kBushy}, {1000, 65, S::kRandom}, {2000, 1, S::kChain}, {64, 128, S::kDeep}},
+       8, 64, 2},
+      {"mixed_2k_page1_H16", 19, {{1500, 9, S::kRandom}, {17, 64, S::kChain}, {2048, 2, S::kStar}}, 16, 1},
+      {"T32_P1000_peaky_page13", 20, {{1000, 32, S::kBushy}}, 8, 13, 0, 0, 8.0f},
+  };
+  return cases;
+}
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+class VerifyAttnGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(VerifyAttnGpu, OracleMatchesCpuTwinAndBruteForce) {
+  const Case& c = GetParam();
+  const Problem p = make_problem(c.seed, c.reqs, opts(c));
+  const Result gpu = run_gpu(p);
+  const Result cpu = run_cpu(p);
+  ASSERT_EQ(cpu.rc, DDT_OK);
+  EXPECT_EQ(gpu.status, cpu.status);
+  const Report vs_twin = compare_results(gpu, cpu, c.heads, oracle_tol());
+  std::printf("  %-26s oracle vs twin:  %s\n", c.name, vs_twin.str().c_str());
+  EXPECT_TRUE(vs_twin.ok) << vs_twin.str();
+  const Report vs_brute = compare_to_ref(gpu.out, gpu.lse, brute_force(p), c.heads, Tol{});
+  std::printf("  %-26s oracle vs brute: %s\n", c.name, vs_brute.str().c_str());
+  EXPECT_TRUE(vs_brute.ok) << vs_brute.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, VerifyAttnGpu, ::testing::ValuesIn(sweep()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Large prefixes: the brute force on sampled rows (first, last, a middle one of each request).
+TEST(VerifyAttnGpu, LargePrefixAgainstBruteForceOnSampledRows) {
+  struct L { int P, N, H, page; Shape shape; };
+  for (const L l : {L{16384, 16, 8, 64, Shape::kBushy}, L{8191, 65, 8, 1, Shape::kDeep}, L{32768, 8, 16, 64, Shape::kChain}}) {
+    Options o;
+    o.heads = l.H;
+    o.page_size = l.page;
+    const Problem p = make_problem(uint64_t(l.P) * 7 + l.N, {{l.P, l.N, l.shape}, {l.P / 3, l.N, Shape::kStar}}, o);
+    const Result gpu = run_gpu(p);
+    EXPECT_EQ(gpu.status, 0u);
+    for (int row : {0, l.N / 2, l.N - 1, l.N, 2 * l.N - 1}) {
+      const Ref ref = brute_force(p, row, row + 1);
+      const Report rep = compare(gpu.out, gpu.lse, ref.out, ref.lse, ref.bad, l.H, Tol{}, nullptr, row, row + 1);
+      std::printf("  P=%d N=%d H=%d page=%d row %d: %s\n", l.P, l.N, l.H, l.page, row, rep.str().c_str());
+      EXPECT_TRUE(rep.ok) << "P=" << l.P << " row " << row << ": " << rep.str();
+    }
+  }
+}
+
+// Device-data errors: same status and NaN rows as the twin, other rows still within 1 ulp of the twin.
+TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
+  Options o;
+  o.heads = 4;
+  o.page_size = 16;
+  o.extra_rows = 1;
+  const Problem base = make_problem(41, {{40, 5, Shape::kBushy}, {100, 9, Shape::kDeep}, {0, 3, Shape::kChain}}, o);
+  const std::vector<std::pair<const char*, std::function<void(Problem&)>>> muts = {
+      {"page -1", [](Problem& p) { p.page_table[1 * p.max_pages + 2] = -1; }},
+      {"page == num_pages", [](Problem& p) { p.page_table[1 * p.max_pages + 0] = int32_t(p.num_pages); }},
+      {"prefix < 0", [](Problem& p) { p.prefix[2] = -1; }},
+      {"P + N beyond the table row", [](Problem& p) { p.prefix[0] = p.max_pages * p.opt.page_size; }},
+      {"offsets decreasing", [](Problem& p) { p.offsets[2] = 4; }},
+      {"offsets end > total_nodes", [](Problem& p) { p.offsets[3] = p.total_nodes + 1; }},
+  };
+  for (const auto& [what, apply] : muts) {
+    SCOPED_TRACE(what);
+    Problem p = base;
+    apply(p);
+    const Result gpu = run_gpu(p), cpu = run_cpu(p);
+    EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
+    EXPECT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
+    const Report rep = compare_results(gpu, cpu, o.heads, oracle_tol());
+    EXPECT_TRUE(rep.ok) << rep.str();
+    int nan_rows = 0;
+    for (int row = 0; row < p.total_nodes; ++row) nan_rows += std::isnan(gpu.lse[size_t(row) * o.heads]);
+    std::printf("  bad data '%s': status %u, %d of %d rows NaN, %s\n", what, gpu.status, nan_rows, p.total_nodes,
+                rep.str().c_str());
+    EXPECT_GT(nan_rows, 0);
+  }
+}
+
+// Chain node i == decoding node i alone at prefix P + i, bitwise (keys visited by absolute slot).
+TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
+  for (int page : {1, 64}) {
+    Options o;
+    o.heads = 8;
+    o.page_size = page;
+    const int P = 1000, N = 24;
+    const Problem p = make_problem(71 + page, {{P, N, Shape::kChain}}, o);
+    const Result chain = run_gpu(p);
+    for (int i = 0; i < N; i += 5) {
+      Problem d = p;
+      d.prefix = {P + i};
+      d.offsets = {0, 1};
+      d.total_nodes = 1;
+      d.q.assign(p.q.begin() + size_t(i) * o.heads * kQK, p.q.begin() + size_t(i + 1) * o.heads * kQK);
+      d.vis.assign(size_t(d.W), 0);
+      d.vis[0] = 1;
+      const Result one = run_gpu(d);
+      EXPECT_EQ(0, std::memcmp(one.out.data(), chain.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
+          << "page " << page << " node " << i;
+      EXPECT_EQ(0, std::memcmp(one.lse.data(), chain.lse.data() + size_t(i) * o.heads, one.lse.size() * 4));
+    }
+  }
+}
+
+// Slices request r out of p into a batch-1 problem over the same KV cache and page numbering.
+Problem single(const Problem& p, int r) {
+  Problem s = p;
+  const int n = p.offsets[r + 1] - p.offsets[r], H = p.opt.heads;
+  s.reqs = {p.reqs[r]};
+  s.batch = 1;
+  s.total_nodes = n;
+  s.offsets = {0, n};
+  s.prefix = {p.prefix[r]};
+  s.page_table.assign(p.page_table.begin() + size_t(r) * p.max_pages, p.page_table.begin() + size_t(r + 1) * p.max_pages);
+  s.q.assign(p.q.begin() + size_t(p.offsets[r]) * H * kQK, p.q.begin() + size_t(p.offsets[r + 1]) * H * kQK);
+  s.vis.assign(p.vis.begin() + size_t(p.offsets[r]) * p.W, p.vis.begin() + size_t(p.offsets[r + 1]) * p.W);
+  s.parents = {p.parents[r]};
+  return s;
+}
+
+// Reverses the order of the requests (rows, page-table rows, prefixes) over the same KV cache.
+Problem reversed(const Problem& p) {
+  Problem s = p;
+  const int H = p.opt.heads;
+  s.q.clear(); s.vis.clear(); s.page_table.clear(); s.prefix.clear(); s.reqs.clear(); s.parents.clear();
+  s.offsets = {0};
+  for (int r = p.batch - 1; r >= 0; --r) {
+    s.q.insert(s.q.end(), p.q.begin() + size_t(p.offsets[r]) * H * kQK, p.q.begin() + size_t(p.offsets[r + 1]) * H * kQK);
+    s.vis.insert(s.vis.end(), p.vis.begin() + size_t(p.offsets[r]) * p.W, p.vis.begin() + size_t(p.offsets[r + 1]) * p.W);
+    s.page_table.insert(s.page_table.end(), p.page_table.begin() + size_t(r) * p.max_pages,
+                        p.page_table.begin() + size_t(r + 1) * p.max_pages);
+    s.prefix.push_back(p.prefix[r]);
+    s.reqs.push_back(p.reqs[r]);
+    s.parents.push_back(p.parents[r]);
+    s.offsets.push_back(s.offsets.back() + p.offsets[r + 1] - p.offsets[r]);
+  }
+  s.total_nodes = s.offsets.back();
+  return s;
+}
+
+// Batch invariance: every request's rows are bitwise the same alone, in the batch, and in the reversed
+// batch (FIDELITY.md rule E needs batch-invariant kernels).
+TEST(VerifyAttnGpu, BatchInvariance) {
+  Options o;
+  o.heads = 8;
+  o.page_size = 64;
+  const Problem p = make_problem(81, {{700, 9, Shape::kBushy}, {0, 64, Shape::kDeep}, {2000, 1, Shape::kChain},
+                                      {63, 128, Shape::kStar}, {129, 17, Shape::kRandom}}, o);
+  const Result all = run_gpu(p);
+  const Problem rp = reversed(p);
+  const Result rev = run_gpu(rp);
+  const size_t HV = size_t(o.heads) * kV;
+  for (int r = 0; r < p.batch; ++r) {
+    const Result one = run_gpu(single(p, r));
+    const int n = p.offsets[r + 1] - p.offsets[r];
+    const int rr = p.batch - 1 - r;
+    EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + size_t(p.offsets[r]) * HV, size_t(n) * HV * 2)) << "request " << r;
+    EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + size_t(p.offsets[r]) * o.heads, size_t(n) * o.heads * 4));
+    EXPECT_EQ(0, std::memcmp(one.out.data(), rev.out.data() + size_t(rp.offsets[rr]) * HV, size_t(n) * HV * 2)) << "request " << r;
+  }
+}
+
+// Capture once, replay with new inputs copied into the same buffers: batch 4, capacities fixed
+// (total_nodes 300, W 3, max_pages, num_pages), P and N vary per replay (padding rows take the rest).
+TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
+  const int batch = 4, cap_rows = 300, cap_w = 3, page = 16, cap_entries = 2100 / page + 2, cap_pages = 4 * cap_entries + 3;
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::mt19937_64 rng(91);
+  auto make = [&](uint64_t seed) {
+    std::vector<ReqSpec> reqs;
+    int rows = 0, max_n = 1;
+    int64_t pages = 0, max_need = 1;
+    for (int r = 0; r < batch; ++r) {
+      ReqSpec q{int(rng() % 2000), int(1 + rng() % 70), Shape(rng() % 5)};
+      reqs.push_back(q);
+      rows += q.nodes;
+      max_n = std::max(max_n, q.nodes);
+      const int64_t need = (q.prefix + q.nodes + page - 1) / page;
+      pages += need;
+      max_need = std::max(max_need, need);
+    }
+    Options o;
+    o.heads = 8;
+    o.page_size = page;
+    o.extra_rows = cap_rows - rows;
+    o.extra_words = cap_w - (max_n + 63) / 64;
+    o.spare_entries = int(cap_entries - max_need);
+    o.spare_pages = int(cap_pages - pages);
+    return make_problem(seed, reqs, o);
+  };
+  Problem p0 = make(1000);
+  DevProblem d(p0);
+  auto prm = d.params(p0);  // every pointer and capacity fixed; the data changes
+  d.poison_outputs(s);
+  ASSERT_EQ(ddt_verify_attn_cuda(&prm, s), DDT_OK);  // warm-up outside the capture
+  GPU_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(ddt_verify_attn_cuda(&prm, s), DDT_OK);
+  GPU_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 5; ++rep) {
+    const Problem p = make(2000 + rep);
+    ASSERT_EQ(p.total_nodes, cap_rows);
+    ASSERT_EQ(p.W, cap_w);
+    ASSERT_EQ(p.max_pages, cap_entries);
+    ASSERT_EQ(p.num_pages, cap_pages);
+    d.upload(p, s);
+    d.poison_outputs(s);
+    GPU_CHECK(cudaGraphLaunch(exec, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    const Result gpu = d.result(), cpu = run_cpu(p);
+    EXPECT_EQ(gpu.status, 0u);
+    const Report rep_ = compare_results(gpu, cpu, 8, oracle_tol());
+    std::printf("  graph replay %d (rows %d of %d): %s\n", rep, p.offsets[batch], cap_rows, rep_.str().c_str());
+    EXPECT_TRUE(rep_.ok) << "replay " << rep << ": " << rep_.str();
+  }
+  GPU_CHECK(cudaGraphExecDestroy(exec));
+  GPU_CHECK(cudaGraphDestroy(graph));
+  GPU_CHECK(cudaStreamDestroy(s));
+}
+
+TEST(VerifyAttnGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {
+  const Problem p = make_problem(5, {{3, 2, Shape::kChain}});
+  DevProblem d(p);
+  auto good = d.params(p);
+  auto bad = good;
+  bad.heads = 0;
+  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_SHAPE);
+  bad = good;
+  bad.kv_cache = good.kv_cache + 1;
+  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_ALIGN);
+  bad = good;
+  bad.softmax_scale = std::nanf("");
+  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_VALUE);
+  bad = good;
+  bad.status = nullptr;
+  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_NULL);
+  bad = good;
+  bad.total_nodes = 0;
+  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_OK);  // nothing to do, nothing launched
+  GPU_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!ddt_cuda_available()) {
+    std::printf("SKIPPED: no CUDA GPU visible (or this build has no cuda backend)\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
