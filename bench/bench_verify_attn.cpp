@@ -33,9 +33,11 @@
 
 #include "ddtree/kernels.h"
 #include "tests/attn/attn_util.h"
+#include "bench/bench_util.h"
 #include "tests/gpu/gpu_util.h"
 
 using namespace ddtree::test::attn;
+using ddtree::bench::copy_bandwidth_tbs;
 using ddtree::test::DevBuf;
 
 namespace {
@@ -43,38 +45,6 @@ namespace {
 constexpr double kCeilBw = 4.3e12, kCeilFlops = 790e12;  // reference/mla-verify-attention.md
 constexpr int kHeads = 8, kPage = 64, kMaxT = 128;
 int g_wrong = 0, g_below_floor = 0;
-
-#define BENCH_OK(call)                                                                                   \
-  do {                                                                                                   \
-    int rc_ = (call);                                                                                    \
-    if (rc_ != DDT_OK) {                                                                                 \
-      std::fprintf(stderr, "%s failed: %s (%s)\n", #call, ddt_status_string(rc_), ddt_last_error_message()); \
-      std::exit(1);                                                                                      \
-    }                                                                                                    \
-  } while (0)
-
-double copy_bandwidth_tbs(cudaStream_t s) {
-  const size_t bytes = size_t(2) << 30;
-  DevBuf<char> a(bytes), b(bytes);
-  a.poison(1);
-  cudaEvent_t e0, e1;
-  GPU_CHECK(cudaEventCreate(&e0));
-  GPU_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 6; ++i) {
-    GPU_CHECK(cudaEventRecord(e0, s));
-    GPU_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s));
-    GPU_CHECK(cudaEventRecord(e1, s));
-    GPU_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (i > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  GPU_CHECK(cudaEventDestroy(e0));
-  GPU_CHECK(cudaEventDestroy(e1));
-  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e12;
-}
 
 // Fast host bf16 noise: uniform in [-2, 2) from a xorshift (std::normal_distribution is too slow for
 // the 1.2 GB caches of the large shapes).
