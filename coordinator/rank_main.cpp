@@ -166,6 +166,8 @@ int run(int argc, char** argv) {
       eo.test_fault_step = a.test_fault_step;
     }
     model::Model model = model::Model::load(a.model, model::ShardSpec{rank, world});
+    // Different checkpoints behind the same path (several hosts) would make the ranks' collectives differ.
+    comm->check_same_everywhere("model config", model.config().fingerprint());
     if (world > 1)
       model.set_all_reduce([&](float* d, std::size_t n) { comm->all_reduce(d, d, n, DType::kF32, ReduceOp::kSum); });
     engine::RankEngine engine(*comm, model, eo);

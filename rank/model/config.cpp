@@ -1,6 +1,8 @@
 // config.json -> ModelConfig (see config.h). Every value that changes the math is checked here once.
 #include "rank/model/config.h"
 
+#include "ddtree/kernels.h"  // DDT_MAX_VOCAB
+
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -278,6 +280,10 @@ ModelConfig parse_config(const std::string& text, const std::string& source, boo
 
   c.vocab_size = p.positive("vocab_size");
   c.hidden_size = p.positive("hidden_size");
+  // Bounds that keep every size product far from overflow and within the kernels' limits.
+  if (c.vocab_size > DDT_MAX_VOCAB)
+    p.fail("vocab_size", std::to_string(c.vocab_size) + " is above the kernels' limit " + std::to_string(DDT_MAX_VOCAB));
+  if (c.hidden_size > (1 << 16)) p.fail("hidden_size", std::to_string(c.hidden_size) + " is above 65536");
   c.num_hidden_layers = p.positive("num_hidden_layers");
   c.num_attention_heads = p.positive("num_attention_heads");
   if (!p.is_null("num_key_value_heads") && p.integer("num_key_value_heads", true) != c.num_attention_heads)

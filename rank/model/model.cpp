@@ -1,6 +1,8 @@
 // The cpu backend's forward pass. See model.h for the math, the sharding and the numerics.
 #include "rank/model/model.h"
 
+#include "ddtree/kernels.h"  // ddt_float_order_bits
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -191,7 +193,11 @@ void Model::route(int layer, const float* x, std::vector<int>& experts, std::vec
     score[std::size_t(e)] = ops::sigmoid(ops::dot(x, &lw.router.w[std::size_t(e * H)], H));
     choice[std::size_t(e)] = score[std::size_t(e)] + lw.router_bias[std::size_t(e)];
   }
-  auto better = [](float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); };
+  // Strict weak order even with NaN scores (NaN ranks as -inf, as the kernels' order bits do).
+  auto better = [](float a, int ia, float b, int ib) {
+    const uint32_t oa = ddt_float_order_bits(a), ob = ddt_float_order_bits(b);
+    return oa > ob || (oa == ob && ia < ib);
+  };
   std::vector<float> gscore(sz(G));
   for (int64_t gi = 0; gi < G; ++gi) {
     int b1 = -1, b2 = -1;

@@ -98,9 +98,11 @@ std::size_t st_dtype_size(StDType t) {
   }
 }
 
+// Element count; -1 when the product overflows int64 (a corrupt or hostile header).
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
   return n;
 }
 
@@ -179,7 +181,10 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                               std::to_string(e) + ") of the data section, which has only " +
                               std::to_string(data_size) + " bytes");
       const std::size_t esz = st_dtype_size(t.dtype);
-      if (esz != 0 && uint64_t(t.numel()) * esz != e - b)
+      uint64_t need = 0;
+      if (t.numel() < 0 || __builtin_mul_overflow(uint64_t(t.numel()), uint64_t(esz), &need))
+        throw CheckpointError(where + ": shape " + t.shape_str() + " overflows 64-bit sizes");
+      if (esz != 0 && need != e - b)
         throw CheckpointError(where + ": " + std::to_string(e - b) + " bytes for shape " + t.shape_str() + " of " +
                               t.dtype_str + " (expected " + std::to_string(uint64_t(t.numel()) * esz) + ")");
       t.data = data + b;

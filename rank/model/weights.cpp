@@ -71,6 +71,9 @@ ShardRanges shard_ranges(const ModelConfig& c, const ShardSpec& s) {
   const int64_t per = (c.vocab_size + t - 1) / t;
   g.vocab0 = std::min(c.vocab_size, r * per);
   g.vocab1 = std::min(c.vocab_size, (r + 1) * per);
+  if (g.vocab1 <= g.vocab0)
+    throw ConfigError("shard: vocab_size = " + std::to_string(c.vocab_size) + " leaves rank " + std::to_string(r) +
+                      " of tp_size " + std::to_string(t) + " no vocabulary rows");
   return g;
 }
 

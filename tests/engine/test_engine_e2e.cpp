@@ -180,7 +180,9 @@ class StopServers : public ::testing::Environment {
       if (!s) continue;
       const auto rc = s->stop(30);
       EXPECT_TRUE(rc.has_value()) << "np " << np << ": the job did not exit after SIGUSR1 (drain)";
-      if (rc) EXPECT_EQ(*rc, 0) << "np " << np << ": drain must exit 0; log:\n" << s->log_text();
+      if (rc) {
+        EXPECT_EQ(*rc, 0) << "np " << np << ": drain must exit 0; log:\n" << s->log_text();
+      }
     }
     servers().clear();
   }

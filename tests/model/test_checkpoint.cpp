@@ -173,6 +173,20 @@ TEST(Checkpoint, BadHeaderAndIndex) {
     expect_load_error(tmp.path, {"model.safetensors", "not valid JSON"});
   }
   {
+    // A shape whose element count wraps 64-bit arithmetic to 1 (274177 x 67280421310721 = 2^64 + 1) with
+    // 4 data bytes: refused before any read (it once passed the size check and overflowed read_f32).
+    TempDir tmp("overflow");
+    test::copy_dir(dense, tmp.path);
+    std::string hdr = "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [274177, 67280421310721], "
+                      "\"data_offsets\": [0, 4]}}";
+    std::string bytes(8, '\0');
+    bytes[0] = char(hdr.size() & 0xFF);
+    bytes[1] = char(hdr.size() >> 8);
+    std::ofstream(tmp.path / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes << hdr
+                                                                                       << std::string(4, '\0');
+    expect_load_error(tmp.path, {"model.safetensors", "overflows"});
+  }
+  {
     TempDir tmp("index_file");
     test::copy_dir(moe, tmp.path);
     const fs::path f = shard_of(tmp.path, "model.norm.weight");
