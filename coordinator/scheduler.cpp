@@ -242,7 +242,8 @@ void Scheduler::run() {
       if (!r.sink->cancelled()) r.sink->on_chunk(std::move(c));
       if (o.finished != 0) {
         Finish why = Finish::kLength;
-        if (o.finished == 1)
+        if (o.finished == 3) why = Finish::kError;  // bad data (e.g. NaN logits): no tokens this step
+        else if (o.finished == 1)
           why = r.eos_stops && std::find(eos_ids_.begin(), eos_ids_.end(), last) != eos_ids_.end() ? Finish::kEos
                                                                                                  : Finish::kStop;
         finish(r, why);

@@ -64,6 +64,11 @@ class GenerateStream final : public RequestSink {
       finish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled"));
       return;
     }
+    if (c.reason == Finish::kError) {  // the engine failed this request (the job goes on)
+      finish(grpc::Status(grpc::StatusCode::INTERNAL,
+                          "the model produced NaN logits for this request; no tokens were emitted for that step"));
+      return;
+    }
     v1::GenerateResponse m;
     v1::Complete* done = m.mutable_complete();
     done->set_finish_reason(finish_reason(c.reason));

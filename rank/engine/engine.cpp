@@ -330,9 +330,11 @@ void RankEngine::run_step_impl(const StepPlan& plan, StepResult& out) {
   model_.forward(rows, *cache_, fr);
   out.rows = total;
 
-  // ---- keys: greedy / Gumbel-max over this shard, then the max across shards
+  // ---- keys: greedy / Gumbel-max over this shard, then the max across shards. One more u64 per request
+  // rides along in the same max-reduction: 1 when any shard saw a NaN target logit (DDT_DATA_NAN_LOGIT),
+  // so every rank agrees that the request fails (finished = 3) instead of emitting garbage tokens.
   std::vector<std::size_t> koff(static_cast<std::size_t>(B));
-  std::vector<uint64_t> keys;
+  std::vector<uint64_t> keys, nan_flag(static_cast<std::size_t>(B), 0);
   for (int i = 0; i < B; ++i) {
     const Live& lv = *req[std::size_t(i)];
     koff[std::size_t(i)] = keys.size();
@@ -355,7 +357,10 @@ void RankEngine::run_step_impl(const StepPlan& plan, StepResult& out) {
     ddt_sample_keys_params kp{lg, Vs, 1, nodes, int(Vs), int(rg.vocab0), pos, &lv.spec.seed, lv.spec.temperature,
                               &keys[koff[std::size_t(i)]], &status};
     check_kernel(ddt_sample_keys_cpu(&kp), "ddt_sample_keys_cpu");
+    if (status & DDT_DATA_NAN_LOGIT) nan_flag[std::size_t(i)] = 1;
   }
+  const std::size_t flag0 = keys.size();
+  keys.insert(keys.end(), nan_flag.begin(), nan_flag.end());
   if (S > 1) comm_.all_reduce(keys.data(), keys.data(), keys.size(), DType::kU64, ReduceOp::kMax);
 
   // ---- accept on rank 0, decisions to every rank. Record per request: path[MP], path_len, new_tokens[MP],
@@ -380,6 +385,14 @@ void RankEngine::run_step_impl(const StepPlan& plan, StepResult& out) {
       }
       const int M = mp[std::size_t(i)];
       int32_t* d = &dec[doff[std::size_t(i)]];
+      if (keys[flag0 + std::size_t(i)] != 0) {  // NaN target logits: no tokens, the request fails
+        d[0] = 0;             // path = {0}
+        d[M] = 1;             // path_len
+        d[2 * M + 1] = 0;     // num_new
+        d[2 * M + 2] = -1;    // bonus
+        d[2 * M + 3] = 3;     // finished: bad data (as ddt_accept's code)
+        continue;
+      }
       const int32_t max_new = lv.spec.max_new - lv.emitted;
       uint32_t status = 0;
       ddt_accept_params ap{&keys[koff[std::size_t(i)]], t->tokens.data(), t->parents.data(), &t->count, 1, t->n, M,

@@ -61,7 +61,7 @@ struct RequestStepResult {
   bool prefill = false;
   std::vector<int32_t> tokens;   // emitted this step
   int32_t accepted_draft = 0;    // draft tokens accepted (decode steps)
-  int32_t finished = 0;          // 0 running, 1 stop token, 2 max_new reached
+  int32_t finished = 0;          // 0 running, 1 stop token, 2 max_new reached, 3 failed (NaN logits)
   int64_t committed = 0;         // KV slots committed after the step (the next plan's prefix)
   std::vector<float> logits;     // [tokens.size(), vocab] when return_logits (rank 0)
 };

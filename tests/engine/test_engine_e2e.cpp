@@ -57,7 +57,7 @@ std::string model_dir() {
 // A server job: mpirun -np N ddtree-rank ... in its own process group, output to a log file.
 class Server {
  public:
-  static std::unique_ptr<Server> start(int np, const std::vector<std::string>& extra) {
+  static std::unique_ptr<Server> start(int np, const std::vector<std::string>& extra, const std::string& model = "") {
     auto s = std::unique_ptr<Server>(new Server());
     static int counter = 0;
     s->dir_ = fs::temp_directory_path() / ("ddtree_e2e_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
@@ -67,7 +67,8 @@ class Server {
     std::vector<std::string> args = {env("DDTREE_MPIEXEC", "mpirun"), "-np", std::to_string(np)};
     std::istringstream fl(env("DDTREE_MPI_FLAGS"));
     for (std::string f; fl >> f;) args.push_back(f);
-    for (const std::string& a : {env("DDTREE_RANK_BIN"), std::string("--model"), model_dir(), std::string("--listen"),
+    for (const std::string& a : {env("DDTREE_RANK_BIN"), std::string("--model"), model.empty() ? model_dir() : model,
+                                 std::string("--listen"),
                                  std::string("127.0.0.1:0"), std::string("--port-file"), port_file,
                                  std::string("--enable-test-options")})
       args.push_back(a);
@@ -480,6 +481,50 @@ TEST(Serving, StopTokensAndCancel) {
   const Result again = generate(srv->stub(), make_request(prompt, 12, 0, 0, Spec{}, {}, false));
   EXPECT_TRUE(again.status.ok());
   EXPECT_EQ(again.tokens, ref.tokens);
+}
+
+// A checkpoint whose LM head row 0 is NaN (bf16 0x7FC0): every target row holds a NaN logit. The kernels
+// flag it (DDT_DATA_NAN_LOGIT), the ranks agree through the keys' max-reduction, and the request fails with
+// INTERNAL and no tokens, while the job keeps serving.
+TEST(Serving, NanLogitsFailTheRequestNotTheJob) {
+  REQUIRE_ENV();
+  const fs::path dir = fs::temp_directory_path() / ("ddtree_e2e_nan_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(model_dir(), dir, fs::copy_options::recursive);
+  {  // find lm_head.weight in its shard and overwrite its first row with NaN
+    std::string index((std::istreambuf_iterator<char>(std::ifstream(dir / "model.safetensors.index.json").rdbuf())),
+                      std::istreambuf_iterator<char>());
+    const std::string key = "\"lm_head.weight\": \"";
+    const auto at = index.find(key);
+    ASSERT_NE(at, std::string::npos);
+    const std::string shard = index.substr(at + key.size(), index.find('"', at + key.size()) - at - key.size());
+    std::fstream f(dir / shard, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t hlen = 0;
+    f.read(reinterpret_cast<char*>(&hlen), 8);
+    std::string hdr(hlen, '\0');
+    f.read(hdr.data(), std::streamsize(hlen));
+    const auto t = hdr.find("\"lm_head.weight\"");
+    ASSERT_NE(t, std::string::npos);
+    ASSERT_NE(hdr.find("\"BF16\"", t), std::string::npos);
+    const auto off = hdr.find("\"data_offsets\"", t);
+    const auto lb = hdr.find('[', off);
+    const uint64_t begin = std::stoull(hdr.substr(lb + 1));
+    const std::vector<uint16_t> nan_row(256, 0x7FC0);  // hidden size of the moe preset
+    f.seekp(std::streamoff(8 + hlen + begin));
+    f.write(reinterpret_cast<const char*>(nan_row.data()), std::streamsize(nan_row.size() * 2));
+  }
+  auto srv = Server::start(test_np(), {}, dir.string());
+  ASSERT_NE(srv, nullptr);
+  for (const Spec& sp : {Spec{}, Spec{v1::SPECULATION_MODE_TREE, v1::DRAFTER_KIND_NGRAM, 4, 8}}) {
+    const Result r = generate(srv->stub(), make_request(prompt_of(8, 5, kVocab), 6, 0, 0, sp, {}, false));
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL) << sp.name() << ": " << r.status.error_message();
+    EXPECT_TRUE(r.tokens.empty()) << sp.name();
+  }
+  EXPECT_EQ(srv->health().status(), v1::SERVING_STATUS_SERVING) << "one bad request must not end the job";
+  EXPECT_EQ(srv->health().stats().running_requests(), 0u);
+  const auto rc = srv->stop(30);
+  EXPECT_TRUE(rc.has_value() && *rc == 0) << srv->log_text();
+  fs::remove_all(dir);
 }
 
 // ---------------------------------------------------------------------------------------------------
