@@ -421,12 +421,3 @@ TEST(ArgumentsGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {
   GPU_CHECK(cudaDeviceSynchronize());
   GPU_CHECK(cudaGetLastError());
 }
-
-int main(int argc, char** argv) {
-  if (!ddt_cuda_available()) {
-    std::printf("SKIPPED: no CUDA GPU visible (or this build has no cuda backend)\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
