@@ -108,6 +108,9 @@ def lib():
         for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept", "verify_attn"):
             getattr(_lib, f"ddt_{name}_cpu").argtypes = [ctypes.c_void_p]
             getattr(_lib, f"ddt_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        _lib.ddt_verify_attn_portable_workspace.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        _lib.ddt_verify_attn_portable_cuda.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                        ctypes.c_void_p]
     return _lib
 
 
@@ -346,7 +349,7 @@ def _as_bf16(ref, x, name: str):
 
 
 def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
-                status=None):
+                status=None, kernel: str = "oracle"):
     """Tree-verify MLA attention over a paged latent KV cache (semantics: kernels.h section 4).
 
     q [total_nodes, H, 576] and kv_cache [num_pages, page_size, 576] (or [num_pages * page_size, 576]) are bf16:
@@ -357,7 +360,12 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     ancestor bitmask rows. Returns (out [total_nodes, H, 512] bf16 (torch.bfloat16 / numpy uint16), lse
     [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
     DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
-    status array is OR-ed into and returned."""
+    status array is OR-ed into and returned. kernel (CUDA tensors only): "oracle" (the simple reference kernel) or
+    "portable" (the mma.sync flash kernel; its workspace is allocated here with torch on the tensors' device)."""
+    if kernel not in ("oracle", "portable"):
+        raise ValueError(f"verify_attn: kernel must be 'oracle' or 'portable', got {kernel!r}")
+    if kernel == "portable" and not _is_cuda(q):
+        raise ValueError("verify_attn: kernel='portable' runs on CUDA tensors only")
     if len(q.shape) != 3 or q.shape[2] != ATTN_DIM_QK:
         raise ValueError(f"verify_attn: q must be [total_nodes, heads, {ATTN_DIM_QK}], got {tuple(q.shape)}")
     total_nodes, heads = int(q.shape[0]), int(q.shape[1])
@@ -388,5 +396,20 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     p = _VerifyAttn(_ptr(q), _ptr(kv), _ptr(page_table), _ptr(prefix_lens), _ptr(node_offsets), _ptr(vis), batch,
                     total_nodes, heads, page_size, max_pages, slots // page_size, int(vis.shape[1]),
                     float(softmax_scale), _ptr(out), _ptr(lse), _ptr(st))
+    if kernel == "portable":
+        L = lib()
+        need = ctypes.c_size_t(0)
+        rc = L.ddt_verify_attn_portable_workspace(ctypes.byref(p), ctypes.byref(need))
+        if rc != 0:
+            raise DDTreeError(rc, f"ddt_verify_attn_portable_workspace: {L.ddt_last_error_message().decode()}")
+        ws = torch.empty(max(int(need.value), 16), dtype=torch.uint8, device=ref.device)  # fresh: 256-byte aligned
+        with torch.cuda.device(ref.device):
+            stream = torch.cuda.current_stream(ref.device).cuda_stream
+            rc = L.ddt_verify_attn_portable_cuda(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()), need.value,
+                                                 ctypes.c_void_p(stream))
+        if rc != 0:
+            raise DDTreeError(rc, f"ddt_verify_attn_portable: {L.ddt_status_string(rc).decode()}: "
+                                  f"{L.ddt_last_error_message().decode()}")
+        return out, lse, st
     _call("verify_attn", p, ref)
     return out, lse, st

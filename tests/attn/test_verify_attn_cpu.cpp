@@ -14,6 +14,7 @@
 #include <random>
 
 #include "ddtree/kernels.h"
+#include "kernels/common/verify_attn_split.h"
 #include "tests/attn/attn_util.h"
 
 using namespace ddtree::test::attn;
@@ -320,6 +321,71 @@ TEST(VerifyAttnCpu, Bf16Conversions) {
     std::memcpy(&x, &u, 4);
     check(x);
   }
+}
+
+// The portable kernel's work split (kernels/common/verify_attn_split.h), checked here because the grid
+// and the workspace are sized from it on the host: for random capacities and random requests inside them,
+// every plan covers its key tiles exactly, a split request's partial rows stay <= keys / 14 (the traffic
+// bound), and the per-request sums never exceed the capacity bounds (a miss would be a lost work item or a
+// workspace overrun on the GPU). Also the policy's intent on the shapes that matter: batch 1 at P = 32k
+// fills the GPU (>= 64 items), large batches of short requests do not split.
+TEST(VerifyAttnSplit, PlansCoverKeysAndStayInsideTheCapacityBounds) {
+  using namespace ddtree::kern::attn;
+  std::mt19937_64 rng(67);
+  for (int trial = 0; trial < 3000; ++trial) {
+    ddt_verify_attn_params p{};
+    p.batch = 1 + int(rng() % 70);
+    p.heads = 1 + int(rng() % (trial % 3 == 0 ? 64 : 16));
+    p.page_size = trial % 2 ? 64 : 1 + int(rng() % 17);
+    const int64_t max_keys_want = 1 + int64_t(rng() % (trial % 5 == 0 ? 140000 : 5000));
+    p.max_pages = int((max_keys_want + p.page_size - 1) / p.page_size);
+    p.total_nodes = int(rng() % (p.batch * 80 + 1));
+    const int64_t max_keys = int64_t(p.max_pages) * p.page_size;
+    const Bounds b = capacity_bounds(p);
+    int64_t items = 0, partial_rows = 0, nodes_left = p.total_nodes;
+    for (int r = 0; r < p.batch; ++r) {
+      const int64_t n = (rng() % 4 == 0) ? nodes_left : int64_t(rng() % (nodes_left + 1));
+      nodes_left -= n;
+      const int64_t rows = n * p.heads;
+      if (n > max_keys || rng() % 10 == 0) {  // an invalid request (bad scalars): one item per row tile
+        items += split_plan(0, rows).row_tiles;
+        ASSERT_EQ(split_plan(0, rows).splits, 1);
+        continue;
+      }
+      const int64_t keys = n + int64_t(rng() % (max_keys - n + 1));
+      const SplitPlan s = split_plan(keys, rows);
+      const int64_t ktiles = (keys + kKeyTile - 1) / kKeyTile;
+      ASSERT_GE(s.splits, 1);
+      ASSERT_EQ(s.row_tiles, (rows + kRowTile - 1) / kRowTile);
+      if (rows > 0) {
+        ASSERT_LT(int64_t(s.splits - 1) * s.tiles_per_split, ktiles) << "an empty split";
+        ASSERT_GE(int64_t(s.splits) * s.tiles_per_split, ktiles) << "key tiles left over";
+      }
+      if (s.splits > 1) {
+        ASSERT_LE(rows * s.splits, keys / kKeysPerPartialRow);
+        ASSERT_LE(int64_t(s.row_tiles) * s.splits, kMaxItemsPerRequest - 1 + s.row_tiles);
+        partial_rows += rows * s.splits;
+      }
+      items += int64_t(s.row_tiles) * s.splits;
+    }
+    ASSERT_LE(items, b.items) << "trial " << trial;
+    ASSERT_LE(partial_rows, b.partial_rows) << "trial " << trial;
+    size_t bytes = 0;
+    ASSERT_EQ(ddt_verify_attn_portable_workspace(&p, &bytes), DDT_OK);
+    ASSERT_EQ(bytes, size_t(b.partial_rows) * size_t(kPartialRowBytes));
+  }
+  // Policy on named shapes (H = 8).
+  const SplitPlan b1 = split_plan(32768 + 8, 8 * 8);  // batch 1, P = 32k, T = 8
+  EXPECT_GE(int64_t(b1.row_tiles) * b1.splits, 64);
+  const SplitPlan b1t1 = split_plan(32768 + 1, 8);  // T = 1
+  EXPECT_GE(b1t1.splits, 128);
+  EXPECT_EQ(split_plan(2048 + 64, 64 * 8).splits, 1);  // P = 2k, T = 64: compute-heavy, no split
+  EXPECT_EQ(split_plan(300, 8 * 8).splits, 1);         // short request
+  ddt_verify_attn_params bad{};
+  size_t bytes = 0;
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(nullptr, &bytes), DDT_ERR_NULL);
+  bad.batch = 1; bad.heads = 0; bad.page_size = 1; bad.max_pages = 1;
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, &bytes), DDT_ERR_SHAPE);
 }
 
 }  // namespace

@@ -1,12 +1,16 @@
-// Tree-verify MLA attention on the GPU: the CUDA oracle (ddt_verify_attn_cuda) against the f64 CPU twin
-// and the independent brute force (tests/attn/attn_util.h), to the correctness bar of
-// reference/mla-verify-attention.md (out: abs 8e-4 or rel 2/128 per element, cosine difference < 5e-6;
-// lse: abs 1e-6 or rel 8/65536) and, tighter, within 1 bf16 ulp of the twin (except where both are below
-// 4e-6 apart). Also: bad page / offset data (status bit, NaN rows of that request only), chain node ==
+// Tree-verify MLA attention on the GPU: both CUDA kernels, the oracle (ddt_verify_attn_cuda) and the
+// portable flash kernel (ddt_verify_attn_portable_cuda), against the f64 CPU twin and the independent
+// brute force (tests/attn/attn_util.h), to the correctness bar of reference/mla-verify-attention.md (out:
+// abs 8e-4 or rel 2/128 per element, cosine difference < 5e-6; lse: abs 1e-6 or rel 8/65536); the oracle
+// also within 1 bf16 ulp of the twin (except where both are below 4e-6 apart); the portable kernel rounds
+// its softmax in f32 tiles and splits long requests' keys (combined in a fixed order), so it gets the bar
+// only (its max ulps are printed). Also (each kernel): bad page / offset data (status bit, NaN rows of that
+// request only; also a bad page inside one split of a split request), the portable workspace contract, chain node ==
 // single-node decode bitwise, batch invariance (a request's rows bitwise equal alone, in another batch
 // and at another position), CUDA graph capture + replay with new inputs in place (variable P and N
 // inside fixed capacities, padding rows), large prefixes (P = 16k) against the brute force on sampled
 // rows. Outputs are poisoned before every launch; inputs carry NaN in everything that must not be read.
+// The chain == single-node-decode bitwise check is the oracle's (the portable kernel is not bitwise to it).
 // Every comparison prints one line (max abs / rel error, cosine difference, max ulps) so the log alone
 // shows the margins. Exits 77 (ctest: skipped) when no GPU is present.
 #include <gtest/gtest.h>
@@ -60,12 +64,39 @@ struct DevProblem {
   }
 };
 
-Result run_gpu(const Problem& p) {
+// The kernels under test: entry point and the tolerance against the CPU twin.
+using KernelFn = int (*)(const ddt_verify_attn_params*, void*);
+struct Kernel {
+  const char* name;
+  KernelFn fn;
+  Tol vs_twin;
+};
+// The portable kernel with its workspace: one device buffer grown to the largest size asked so far (grown
+// outside any capture: graph_replay warms up first), NaN-filled when allocated, never cleared: the kernel
+// must not depend on its contents.
+int portable(const ddt_verify_attn_params* p, void* stream) {
+  static void* ws = nullptr;
+  static size_t cap = 0;
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_portable_workspace(p, &need)) return rc;
+  if (need > cap) {
+    if (ws) GPU_CHECK(cudaFree(ws));
+    GPU_CHECK(cudaMalloc(&ws, need));
+    GPU_CHECK(cudaMemset(ws, 0xFF, need));
+    cap = need;
+  }
+  return ddt_verify_attn_portable_cuda(p, ws, cap, stream);
+}
+const Kernel kOracle{"oracle", ddt_verify_attn_cuda, oracle_tol()};
+const Kernel kPortable{"portable", portable, Tol{}};
+const Kernel kKernels[] = {kOracle, kPortable};
+
+Result run_gpu(const Problem& p, KernelFn fn = ddt_verify_attn_cuda) {
   DevProblem d(p);
   d.poison_outputs();
   auto prm = d.params(p);
   Result r;
-  r.rc = ddt_verify_attn_cuda(&prm, nullptr);
+  r.rc = fn(&prm, nullptr);
   EXPECT_EQ(r.rc, DDT_OK) << ddt_last_error_message();
   Result got = d.result();
   got.rc = r.rc;
@@ -117,6 +148,12 @@ std::vector<Case> sweep() {
        8, 64, 2},
       {"mixed_2k_page1_H16", 19, {{1500, 9, S::kRandom}, {17, 64, S::kChain}, {2048, 2, S::kStar}}, 16, 1},
       {"T32_P1000_peaky_page13", 20, {{1000, 32, S::kBushy}}, 8, 13, 0, 0, 8.0f},
+      // Head counts that do not divide the portable kernel's 32-row tiles (rows of one node split across
+      // tiles, tiles holding parts of several nodes), and more heads than a tile has rows.
+      {"T9_P100_H3_page1", 21, {{100, 9, S::kBushy}, {33, 22, S::kDeep}}, 3, 1, 2},
+      {"T40_P70_H5_page64", 22, {{70, 40, S::kRandom}, {0, 3, S::kStar}}, 5, 64, 1},
+      {"T3_P129_H64_page16", 23, {{129, 3, S::kChain}, {64, 5, S::kStar}}, 64, 16},
+      {"T130_P31_H24_peaky", 24, {{31, 130, S::kBushy}}, 24, 32, 0, 0, 6.0f},
   };
   return cases;
 }
@@ -125,19 +162,23 @@ std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name;
 
 class VerifyAttnGpu : public ::testing::TestWithParam<Case> {};
 
-TEST_P(VerifyAttnGpu, OracleMatchesCpuTwinAndBruteForce) {
+TEST_P(VerifyAttnGpu, KernelsMatchCpuTwinAndBruteForce) {
   const Case& c = GetParam();
   const Problem p = make_problem(c.seed, c.reqs, opts(c));
-  const Result gpu = run_gpu(p);
   const Result cpu = run_cpu(p);
   ASSERT_EQ(cpu.rc, DDT_OK);
-  EXPECT_EQ(gpu.status, cpu.status);
-  const Report vs_twin = compare_results(gpu, cpu, c.heads, oracle_tol());
-  std::printf("  %-26s oracle vs twin:  %s\n", c.name, vs_twin.str().c_str());
-  EXPECT_TRUE(vs_twin.ok) << vs_twin.str();
-  const Report vs_brute = compare_to_ref(gpu.out, gpu.lse, brute_force(p), c.heads, Tol{});
-  std::printf("  %-26s oracle vs brute: %s\n", c.name, vs_brute.str().c_str());
-  EXPECT_TRUE(vs_brute.ok) << vs_brute.str();
+  const Ref brute = brute_force(p);
+  for (const Kernel& k : kKernels) {
+    SCOPED_TRACE(k.name);
+    const Result gpu = run_gpu(p, k.fn);
+    EXPECT_EQ(gpu.status, cpu.status);
+    const Report vs_twin = compare_results(gpu, cpu, c.heads, k.vs_twin);
+    std::printf("  %-26s %-8s vs twin:  %s\n", c.name, k.name, vs_twin.str().c_str());
+    EXPECT_TRUE(vs_twin.ok) << vs_twin.str();
+    const Report vs_brute = compare_to_ref(gpu.out, gpu.lse, brute, c.heads, Tol{});
+    std::printf("  %-26s %-8s vs brute: %s\n", c.name, k.name, vs_brute.str().c_str());
+    EXPECT_TRUE(vs_brute.ok) << vs_brute.str();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, VerifyAttnGpu, ::testing::ValuesIn(sweep()),
@@ -151,13 +192,19 @@ TEST(VerifyAttnGpu, LargePrefixAgainstBruteForceOnSampledRows) {
     o.heads = l.H;
     o.page_size = l.page;
     const Problem p = make_problem(uint64_t(l.P) * 7 + l.N, {{l.P, l.N, l.shape}, {l.P / 3, l.N, Shape::kStar}}, o);
-    const Result gpu = run_gpu(p);
-    EXPECT_EQ(gpu.status, 0u);
-    for (int row : {0, l.N / 2, l.N - 1, l.N, 2 * l.N - 1}) {
-      const Ref ref = brute_force(p, row, row + 1);
-      const Report rep = compare(gpu.out, gpu.lse, ref.out, ref.lse, ref.bad, l.H, Tol{}, nullptr, row, row + 1);
-      std::printf("  P=%d N=%d H=%d page=%d row %d: %s\n", l.P, l.N, l.H, l.page, row, rep.str().c_str());
-      EXPECT_TRUE(rep.ok) << "P=" << l.P << " row " << row << ": " << rep.str();
+    const int rows[] = {0, l.N / 2, l.N - 1, l.N, 2 * l.N - 1};
+    std::vector<Ref> refs;
+    for (int row : rows) refs.push_back(brute_force(p, row, row + 1));
+    for (const Kernel& k : kKernels) {
+      const Result gpu = run_gpu(p, k.fn);
+      EXPECT_EQ(gpu.status, 0u) << k.name;
+      for (size_t i = 0; i < refs.size(); ++i) {
+        const int row = rows[i];
+        const Ref& ref = refs[i];
+        const Report rep = compare(gpu.out, gpu.lse, ref.out, ref.lse, ref.bad, l.H, Tol{}, nullptr, row, row + 1);
+        std::printf("  %-8s P=%d N=%d H=%d page=%d row %d: %s\n", k.name, l.P, l.N, l.H, l.page, row, rep.str().c_str());
+        EXPECT_TRUE(rep.ok) << k.name << " P=" << l.P << " row " << row << ": " << rep.str();
+      }
     }
   }
 }
@@ -177,20 +224,51 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
       {"offsets decreasing", [](Problem& p) { p.offsets[2] = 4; }},
       {"offsets end > total_nodes", [](Problem& p) { p.offsets[3] = p.total_nodes + 1; }},
   };
-  for (const auto& [what, apply] : muts) {
-    SCOPED_TRACE(what);
-    Problem p = base;
-    apply(p);
-    const Result gpu = run_gpu(p), cpu = run_cpu(p);
+  for (const Kernel& k : kKernels)
+    for (const auto& [what, apply] : muts) {
+      SCOPED_TRACE(std::string(k.name) + ": " + what);
+      Problem p = base;
+      apply(p);
+      const Result gpu = run_gpu(p, k.fn), cpu = run_cpu(p);
+      EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
+      EXPECT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
+      const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin);
+      EXPECT_TRUE(rep.ok) << rep.str();
+      int nan_rows = 0;
+      for (int row = 0; row < p.total_nodes; ++row) nan_rows += std::isnan(gpu.lse[size_t(row) * o.heads]);
+      std::printf("  %-8s bad data '%s': status %u, %d of %d rows NaN, %s\n", k.name, what, gpu.status, nan_rows,
+                  p.total_nodes, rep.str().c_str());
+      EXPECT_GT(nan_rows, 0);
+    }
+}
+
+// A tree wider than 64 W (N_r > 64 vis_words) is a shape error of that request only: the portable kernel
+// sizes its grid by min(total_nodes, 64 W) rows per request, so its last tile must also poison the rows
+// past that capacity. Both kernels: status bit, that request's rows NaN, the others right.
+TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
+  Options o;
+  o.heads = 8;
+  o.page_size = 16;
+  o.extra_rows = 2;
+  const Problem base = make_problem(43, {{30, 40, Shape::kBushy}, {10, 100, Shape::kChain}, {5, 7, Shape::kDeep}}, o);
+  ASSERT_EQ(base.W, 2);
+  // A W = 1 view of the same data: request 1 (100 nodes) no longer fits its vis rows; 0 and 2 still do.
+  Problem p = base;
+  p.W = 1;
+  std::vector<uint64_t> vis1(size_t(p.total_nodes));
+  for (int row = 0; row < p.total_nodes; ++row) vis1[row] = base.vis[size_t(row) * base.W];
+  p.vis = vis1;
+  const Result cpu = run_cpu(p);
+  EXPECT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
+  for (const Kernel& k : kKernels) {
+    SCOPED_TRACE(k.name);
+    const Result gpu = run_gpu(p, k.fn);
     EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
-    EXPECT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
-    const Report rep = compare_results(gpu, cpu, o.heads, oracle_tol());
+    const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin);
+    std::printf("  %-8s tree wider than 64 W: %s\n", k.name, rep.str().c_str());
     EXPECT_TRUE(rep.ok) << rep.str();
-    int nan_rows = 0;
-    for (int row = 0; row < p.total_nodes; ++row) nan_rows += std::isnan(gpu.lse[size_t(row) * o.heads]);
-    std::printf("  bad data '%s': status %u, %d of %d rows NaN, %s\n", what, gpu.status, nan_rows, p.total_nodes,
-                rep.str().c_str());
-    EXPECT_GT(nan_rows, 0);
+    for (int row = p.offsets[1]; row < p.offsets[2]; ++row)
+      EXPECT_TRUE(std::isnan(gpu.lse[size_t(row) * o.heads + 7])) << "row " << row;
   }
 }
 
@@ -263,23 +341,28 @@ TEST(VerifyAttnGpu, BatchInvariance) {
   o.page_size = 64;
   const Problem p = make_problem(81, {{700, 9, Shape::kBushy}, {0, 64, Shape::kDeep}, {2000, 1, Shape::kChain},
                                       {63, 128, Shape::kStar}, {129, 17, Shape::kRandom}}, o);
-  const Result all = run_gpu(p);
   const Problem rp = reversed(p);
-  const Result rev = run_gpu(rp);
   const size_t HV = size_t(o.heads) * kV;
-  for (int r = 0; r < p.batch; ++r) {
-    const Result one = run_gpu(single(p, r));
-    const int n = p.offsets[r + 1] - p.offsets[r];
-    const int rr = p.batch - 1 - r;
-    EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + size_t(p.offsets[r]) * HV, size_t(n) * HV * 2)) << "request " << r;
-    EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + size_t(p.offsets[r]) * o.heads, size_t(n) * o.heads * 4));
-    EXPECT_EQ(0, std::memcmp(one.out.data(), rev.out.data() + size_t(rp.offsets[rr]) * HV, size_t(n) * HV * 2)) << "request " << r;
+  for (const Kernel& k : kKernels) {
+    SCOPED_TRACE(k.name);
+    const Result all = run_gpu(p, k.fn);
+    const Result rev = run_gpu(rp, k.fn);
+    for (int r = 0; r < p.batch; ++r) {
+      const Result one = run_gpu(single(p, r), k.fn);
+      const int n = p.offsets[r + 1] - p.offsets[r];
+      const int rr = p.batch - 1 - r;
+      EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + size_t(p.offsets[r]) * HV, size_t(n) * HV * 2)) << "request " << r;
+      EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + size_t(p.offsets[r]) * o.heads, size_t(n) * o.heads * 4));
+      EXPECT_EQ(0, std::memcmp(one.out.data(), rev.out.data() + size_t(rp.offsets[rr]) * HV, size_t(n) * HV * 2)) << "request " << r;
+      EXPECT_EQ(0, std::memcmp(one.lse.data(), rev.lse.data() + size_t(rp.offsets[rr]) * o.heads, size_t(n) * o.heads * 4));
+    }
   }
 }
 
 // Capture once, replay with new inputs copied into the same buffers: batch 4, capacities fixed
 // (total_nodes 300, W 3, max_pages, num_pages), P and N vary per replay (padding rows take the rest).
-TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
+void graph_replay(const Kernel& k) {
+  SCOPED_TRACE(k.name);
   const int batch = 4, cap_rows = 300, cap_w = 3, page = 16, cap_entries = 2100 / page + 2, cap_pages = 4 * cap_entries + 3;
   cudaStream_t s;
   GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -310,11 +393,11 @@ TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
   DevProblem d(p0);
   auto prm = d.params(p0);  // every pointer and capacity fixed; the data changes
   d.poison_outputs(s);
-  ASSERT_EQ(ddt_verify_attn_cuda(&prm, s), DDT_OK);  // warm-up outside the capture
+  ASSERT_EQ(k.fn(&prm, s), DDT_OK);  // warm-up outside the capture
   GPU_CHECK(cudaStreamSynchronize(s));
   cudaGraph_t graph;
   GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  ASSERT_EQ(ddt_verify_attn_cuda(&prm, s), DDT_OK);
+  ASSERT_EQ(k.fn(&prm, s), DDT_OK);
   GPU_CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
   GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -330,8 +413,8 @@ TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
     GPU_CHECK(cudaStreamSynchronize(s));
     const Result gpu = d.result(), cpu = run_cpu(p);
     EXPECT_EQ(gpu.status, 0u);
-    const Report rep_ = compare_results(gpu, cpu, 8, oracle_tol());
-    std::printf("  graph replay %d (rows %d of %d): %s\n", rep, p.offsets[batch], cap_rows, rep_.str().c_str());
+    const Report rep_ = compare_results(gpu, cpu, 8, k.vs_twin);
+    std::printf("  %-8s graph replay %d (rows %d of %d): %s\n", k.name, rep, p.offsets[batch], cap_rows, rep_.str().c_str());
     EXPECT_TRUE(rep_.ok) << "replay " << rep << ": " << rep_.str();
   }
   GPU_CHECK(cudaGraphExecDestroy(exec));
@@ -339,27 +422,98 @@ TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
   GPU_CHECK(cudaStreamDestroy(s));
 }
 
+TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
+  for (const Kernel& k : kKernels) graph_replay(k);
+}
+
+// A long request with few rows splits its keys (the portable kernel): a bad page inside ONE split must
+// still poison every row of the request (the combine sees that split's NaN mark), the other request stays
+// right, and the oracle agrees. Pages in the first, a middle and the last split.
+TEST(VerifyAttnGpu, BadPageInOneSplitPoisonsTheWholeRequest) {
+  Options o;
+  o.heads = 8;
+  o.page_size = 16;
+  const Problem base = make_problem(47, {{4000, 3, Shape::kChain}, {50, 6, Shape::kBushy}}, o);
+  for (int entry : {0, 120, int(base.pages_needed(0)) - 1}) {
+    Problem p = base;
+    p.page_table[size_t(entry)] = -7;
+    const Result cpu = run_cpu(p);
+    ASSERT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
+    for (const Kernel& k : kKernels) {
+      SCOPED_TRACE(std::string(k.name) + " page entry " + std::to_string(entry));
+      const Result gpu = run_gpu(p, k.fn);
+      EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
+      const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin);
+      std::printf("  %-8s bad page entry %d of a split request: %s\n", k.name, entry, rep.str().c_str());
+      EXPECT_TRUE(rep.ok) << rep.str();
+      for (int row = 0; row < 3; ++row)
+        for (int h = 0; h < o.heads; ++h) EXPECT_TRUE(std::isnan(gpu.lse[size_t(row) * o.heads + h])) << row;
+    }
+  }
+}
+
+// The workspace contract: its size depends only on capacities; a missing, misaligned or short workspace
+// is refused before launching; a split problem run twice through the same (dirty) workspace gives bitwise
+// the same result.
+TEST(VerifyAttnGpu, PortableWorkspaceContract) {
+  Options o;
+  o.heads = 8;
+  o.page_size = 64;
+  const Problem p = make_problem(49, {{6000, 2, Shape::kChain}, {30, 5, Shape::kStar}}, o);
+  DevProblem d(p);
+  auto prm = d.params(p);
+  size_t need = 0;
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, &need), DDT_OK);
+  ASSERT_GT(need, 0u) << "this problem must be able to split";
+  auto moved = prm;
+  moved.prefix_lens = nullptr;  // data pointers do not matter to the size
+  size_t need2 = 0;
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&moved, &need2), DDT_OK);
+  EXPECT_EQ(need, need2);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&prm, nullptr), DDT_ERR_NULL);
+  DevBuf<char> ws(need + 64);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, nullptr, need, nullptr), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr + 8, need, nullptr), DDT_ERR_ALIGN);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr, need - 1, nullptr), DDT_ERR_SHAPE);
+  GPU_CHECK(cudaMemset(ws.ptr, 0x00, need));
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr, need, nullptr), DDT_OK) << ddt_last_error_message();
+  const Result first = d.result();
+  GPU_CHECK(cudaMemset(ws.ptr, 0xFF, need));  // NaN everywhere
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr, need, nullptr), DDT_OK);
+  const Result second = d.result();
+  EXPECT_EQ(0, std::memcmp(first.out.data(), second.out.data(), first.out.size() * 2));
+  EXPECT_EQ(0, std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * 4));
+  const Report rep = compare_to_ref(first.out, first.lse, brute_force(p), o.heads, Tol{});
+  std::printf("  portable workspace contract (P 6000, split): %s\n", rep.str().c_str());
+  EXPECT_TRUE(rep.ok) << rep.str();
+}
+
 TEST(VerifyAttnGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {
   const Problem p = make_problem(5, {{3, 2, Shape::kChain}});
   DevProblem d(p);
   auto good = d.params(p);
-  auto bad = good;
-  bad.heads = 0;
-  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_SHAPE);
-  bad = good;
-  bad.kv_cache = good.kv_cache + 1;
-  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_ALIGN);
-  bad = good;
-  bad.softmax_scale = std::nanf("");
-  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_VALUE);
-  bad = good;
-  bad.status = nullptr;
-  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_ERR_NULL);
-  bad = good;
-  bad.total_nodes = 0;
-  EXPECT_EQ(ddt_verify_attn_cuda(&bad, nullptr), DDT_OK);  // nothing to do, nothing launched
-  GPU_CHECK(cudaDeviceSynchronize());
-  GPU_CHECK(cudaGetLastError());
+  for (const Kernel& k : kKernels) {
+    SCOPED_TRACE(k.name);
+    auto bad = good;
+    bad.heads = 0;
+    EXPECT_EQ(k.fn(&bad, nullptr), DDT_ERR_SHAPE);
+    bad = good;
+    bad.kv_cache = good.kv_cache + 1;
+    EXPECT_EQ(k.fn(&bad, nullptr), DDT_ERR_ALIGN);
+    bad = good;
+    bad.softmax_scale = std::nanf("");
+    EXPECT_EQ(k.fn(&bad, nullptr), DDT_ERR_VALUE);
+    bad = good;
+    bad.status = nullptr;
+    EXPECT_EQ(k.fn(&bad, nullptr), DDT_ERR_NULL);
+    bad = good;
+    bad.total_nodes = 0;
+    EXPECT_EQ(k.fn(&bad, nullptr), DDT_OK);  // nothing to do, nothing launched
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace

@@ -169,9 +169,9 @@ def on(backend, pb):
     return t
 
 
-def run(backend, pb, scale=SCALE):
+def run(backend, pb, scale=SCALE, kernel="oracle"):
     q, kv, pt, pre, off, vis = on(backend, pb)
-    return dk.verify_attn(q, kv, pt, pre, off, vis, scale, pb["page_size"])
+    return dk.verify_attn(q, kv, pt, pre, off, vis, scale, pb["page_size"], kernel=kernel)
 
 
 CASES = [  # (seed, reqs, heads, page_size, extra_rows)
@@ -183,11 +183,14 @@ CASES = [  # (seed, reqs, heads, page_size, extra_rows)
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + [
+    pytest.param("cuda-portable", marks=pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch"))])
 @pytest.mark.parametrize("seed,reqs,heads,page,extra", CASES)
 def test_verify_attn_against_float64_reference(backend, seed, reqs, heads, page, extra):
     pb = make_problem(seed, reqs, heads, page, extra)
-    out, lse, st = run(backend, pb)
+    kernel = "portable" if backend == "cuda-portable" else "oracle"
+    backend = "cuda" if backend == "cuda-portable" else backend
+    out, lse, st = run(backend, pb, kernel=kernel)
     if backend != "cpu":
         assert out.dtype == torch.bfloat16 and out.device.type == ("cuda" if backend == "cuda" else "cpu")
     assert tuple(out.shape) == (pb["total"], heads, V) and tuple(lse.shape) == (pb["total"], heads)
@@ -222,6 +225,9 @@ def test_float_inputs_are_rounded_and_errors_raise():
         dk.verify_attn(pb["q"][:, :, :512], pb["kv"], pb["page_table"], pb["prefix"], pb["offsets"], pb["vis"], SCALE, 4)
     with pytest.raises(ValueError):
         dk.verify_attn(pb["q"], pb["kv"], pb["page_table"], pb["prefix"], pb["offsets"], pb["vis"], SCALE, 3)
+    with pytest.raises(ValueError, match="CUDA tensors only"):  # the flash kernel has no CPU path
+        dk.verify_attn(pb["q"], pb["kv"], pb["page_table"], pb["prefix"], pb["offsets"], pb["vis"], SCALE, 4,
+                       kernel="portable")
 
 
 def test_bf16_helpers_round_half_to_even():
@@ -265,18 +271,19 @@ def reference_torch(pb, dev="cuda"):
 
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch")
+@pytest.mark.parametrize("kernel", ["oracle", "portable"])
 @pytest.mark.parametrize("reqs,heads,page", [
     ([(4096, 64, "bushy"), (2047, 8, "chain")], 8, 64),
     ([(32768, 16, "deep"), (32767, 1, "chain"), (12345, 65, "star")], 8, 64),
     ([(32768, 8, "bushy")], 16, 1),
     ([(20000, 128, "deep")], 8, 64),
 ])
-def test_large_prefix_oracle_against_torch_fp32(reqs, heads, page):
+def test_large_prefix_cuda_kernels_against_torch_fp32(reqs, heads, page, kernel):
     pb = make_problem(sum(p for p, _, _ in reqs), reqs, heads, page)
     torch.backends.cuda.matmul.allow_tf32 = False
-    out, lse, st = run("cuda", pb)
+    out, lse, st = run("cuda", pb, kernel=kernel)
     assert dk.status_value(st) == 0
     ref_out, ref_lse = reference_torch(pb)
     err, cos = check_bar(out, lse, ref_out, ref_lse)
-    print(f"P={[p for p, _, _ in reqs]} N={[n for _, n, _ in reqs]} H={heads} page={page}: max abs err {err:.3g}, "
+    print(f"{kernel}: P={[p for p, _, _ in reqs]} N={[n for _, n, _ in reqs]} H={heads} page={page}: max abs err {err:.3g}, "
           f"cosine diff {cos:.3g}")

@@ -23,6 +23,7 @@
 #ifndef DDTREE_KERNELS_H_
 #define DDTREE_KERNELS_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -253,6 +254,20 @@ typedef struct ddt_verify_attn_params {
 int ddt_verify_attn_cpu(const ddt_verify_attn_params* p);
 /* The oracle: one CTA per (row, head), f32, no host sync, no allocation, CUDA-graph safe. */
 int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void* stream);
+/* The portable flash kernel (mma.sync bf16 tensor cores, sm_80 .. sm_120, <= 99 KB shared memory per CTA):
+ * same semantics, checks and outputs as the oracle, to the correctness bar (not bitwise: f32 online softmax,
+ * P fed to the tensor cores as a bf16 hi + lo pair), batch invariant (how a request's keys are split depends
+ * only on its own P + N and N x heads), no host sync, no allocation, CUDA-graph safe (two launches: the
+ * attention and, when a request may split its keys, the combine of the splits in a fixed order).
+ * workspace: device memory of at least ddt_verify_attn_portable_workspace() bytes, 16-byte aligned (may be
+ * null when that is 0); its contents need no initialisation and are scratch after the call. The size
+ * depends only on batch, total_nodes, heads and max_pages x page_size, so one allocation serves every call
+ * (and every replay of a captured graph) with those capacities; it is at most ~15% of the KV bytes of a
+ * batch filled to max_pages x page_size tokens per request (partial rows of f32 o, m, l).
+ * Returns DDT_ERR_NULL / DDT_ERR_ALIGN / DDT_ERR_SHAPE for a missing, misaligned or too small workspace. */
+int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, size_t* bytes);
+int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, void* workspace, size_t workspace_bytes,
+                                  void* stream);
 
 /* bf16 <-> f32 (the conversions both backends use; round to nearest even, NaN stays a quiet NaN). */
 uint16_t ddt_f32_to_bf16(float x);

@@ -1,0 +1,20 @@
+// ddt_verify_attn_portable_workspace (ddtree/kernels.h, section 4): host-only, the same answer with or
+// without the cuda backend (the bounds of kernels/common/verify_attn_split.h).
+#include "kernels/common/validate.h"
+#include "kernels/common/verify_attn_split.h"
+
+extern "C" int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, size_t* bytes) {
+  using namespace ddtree::kern;
+  clear_error();
+  if (!p || !bytes) return fail(DDT_ERR_NULL, "verify_attn_portable_workspace: params or bytes is null");
+  if (p->batch < 0 || p->batch > 65535 || p->total_nodes < 0 || p->total_nodes > DDT_ATTN_MAX_ROWS || p->heads < 1 ||
+      p->heads > DDT_ATTN_MAX_HEADS || p->page_size < 1 || p->max_pages < 1)
+    return fail(DDT_ERR_SHAPE,
+                "verify_attn_portable_workspace: batch, total_nodes, heads, page_size or max_pages out of range");
+  const attn::Bounds b = attn::capacity_bounds(*p);
+  if (b.items > 0x7FFFFFFF || b.partial_rows > 0x7FFFFFFF)
+    return fail(DDT_ERR_SHAPE,
+                "verify_attn_portable_workspace: the capacities need more than 2^31 work items or partial rows");
+  *bytes = size_t(b.partial_rows) * size_t(attn::kPartialRowBytes);
+  return DDT_OK;
+}

@@ -1,0 +1,717 @@
+// Tree-verify MLA attention on the GPU, the PORTABLE flash kernel (ddtree/kernels.h, section 4;
+// reference/mla-verify-attention.md; issue 5): mma.sync.m16n8k16 bf16 -> f32 tensor cores, ldmatrix,
+// cp.async double-buffered paged KV tiles, online softmax in f32 (exp2 of log2e-scaled scores), the KV split
+// at fixed positions of each request with a fixed-order combine. Compiles for sm_80 .. sm_120 (<= 99 KB of
+// shared memory per CTA, static_asserted). Same semantics and outputs as the oracle (verify_attn_oracle.cu)
+// and the CPU twin to the correctness bar: bad data -> status bit + NaN rows of that request, padding rows
+// 0 / -inf, lse = ln sum exp(scaled score).
+//
+// Work decomposition (plan and arithmetic: docs/PERF_NOTES.md, "Tree-verify attention: portable kernel"):
+//  - Rows: request r's (node, head) pairs flattened as node * H + head (contiguous in q / out / lse), in row
+//    tiles of kBM = 32: tile t = request-local rows [32 t, 32 t + 32). At H = 8 a tile is 4 nodes x 8 heads,
+//    so all heads of a node share each KV tile load.
+//  - Keys: request r's slots 0 .. P + N - 1 in key tiles of kBN = 32 at absolute positions (32 k .. 32 k + 31).
+//    The request's key tiles are cut into `splits` consecutive ranges of tiles_per_split tiles
+//    (split_plan: a function of the request's own P + N and N x H only, so a row's arithmetic does not depend
+//    on the rest of the batch: batch invariance). Long requests with few rows split (batch 1 fills the GPU);
+//    the partial results (f32 o, running max m, sum l per row) go to the caller's workspace and
+//    verify_attn_combine_kernel merges them in split order. Splits are capped so the partial traffic stays
+//    below ~26% of the KV bytes (kKeysPerPartialRow).
+//  - Work item = (request, split, row tile), numbered request-major, then split, then tile (the tiles of
+//    one split are neighbours in time: they share its KV tiles through L2). Persistent CTAs: every CTA scans
+//    the per-request item counts (device data: node_offsets, prefix_lens) and takes items blockIdx.x,
+//    + gridDim.x, ... (at most kMaxItemsPerCta; the host sizes the grid from capacities, graph-safe).
+//  - Per key tile: S = Q K^T (K = 576): warp w computes the partial product of m-tile (w & 1) (16 rows) over
+//    the dim quarter (w >> 1) (144 dims, 9 k-steps; its Q fragments live in registers for the whole item)
+//    for all 32 keys; the 4 partials of each row are summed in a fixed order through shared memory by the
+//    softmax threads (8 per row, 4 keys each), which apply scale and mask, keep the row's running max / sum
+//    in registers, and write P as a bf16 pair hi + lo (hi = bf16(p), lo = bf16(p - hi): p to ~2^-17
+//    relative, so the PV product is as accurate as f32 P; rounding P to one bf16 alone misses the element
+//    bar on peaked attention over few keys) and the rescale factor to shared memory. Then
+//    O[32 x 512] = alpha O + P_hi V + P_lo V, V = dims 0..511 of the same KV tile: warp w owns output dims
+//    [64 w, 64 w + 64) of all 32 rows (64 f32 accumulators per thread).
+//  - KV tiles: 8 threads per key slot, each slot's address through the page table (any page size >= 1);
+//    slots >= P + N are zero-filled (cp.async src-size 0) and never read from global memory; 16-byte chunks
+//    XOR-swizzled by (slot & 7) so ldmatrix (K for QK, .trans for V) is free of bank conflicts.
+//  - Data checks: node_offsets by every CTA (malformed: every row NaN); a request's scalars and the pages
+//    of the item's key range by the item (bad: the item's rows NaN, or for a split its partial m = NaN,
+//    which the combine turns into NaN rows); padding rows [off[batch], total_nodes) grid-strided by all CTAs.
+// No host sync, no allocation (the dynamic shared-memory opt-in and the occupancy query are one-time host
+// calls per device).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/common/bf16.h"
+#include "kernels/common/validate.h"
+#include "kernels/common/verify_attn_index.h"
+#include "kernels/common/verify_attn_split.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace ddtree::kern::attn {
+namespace {
+
+// ---- config ----
+constexpr int kBM = kRowTile;          // 32 query rows (node x head, flattened) per row tile
+constexpr int kBN = kKeyTile;          // 32 key slots per KV tile
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunks = kDimQK / 8;     // 72 16-byte chunks per cache row
+constexpr int kQKSteps = kDimQK / 16;   // 36 k-steps of 16 dims
+constexpr int kStepsPerWarp = kQKSteps / 4;  // 9: each warp covers a quarter of the 576 dims
+constexpr int kSpStride = kBN + 8;      // f32 row stride of the partial-score buffer (conflict-free float2 stores)
+constexpr int kPStride = kBN + 8;       // bf16 row stride of P (80 bytes: conflict-free ldmatrix)
+static_assert(kDimQK == 576 && kDimV == 512, "tiling below assumes 512 latent + 64 rope dims");
+static_assert(kWarps * 64 == kDimV, "each warp owns 64 output dims");
+static_assert(kBM == 32 && kBN == 32 && kThreads == kBM * 8, "softmax mapping: 8 threads per row, 4 keys each");
+static_assert(kThreads == kBN * 8 && kChunks % 8 == 0, "KV loader: 8 threads per slot, 9 chunks each");
+
+// ---- shared-memory plan (bytes) ----
+constexpr int kKvTileBytes = kBN * kDimQK * 2;                 // 36,864: one tile of 32 cache rows
+constexpr int kSmemKv = 2 * kKvTileBytes;                      // 73,728: double buffer
+constexpr int kSmemSp = 4 * kBM * kSpStride * 4;               // 20,480: 4 partial score tiles (f32); the
+                                                               //   request scan (2 x 256 int) before the items
+constexpr int kSmemP = 2 * kBM * kPStride * 2;                 //  5,120: P hi and P lo (bf16)
+constexpr int kSmemRow = 2 * kBM * 4;                          //    256: rescale factor, 1 / l per row
+constexpr int kSmemBytes = kSmemKv + kSmemSp + kSmemP + kSmemRow;  // 99,584
+constexpr int kSmemStatic = kMaxItemsPerCta * 16 + 16;        //    272 static (the CTA's item list)
+static_assert(kSmemBytes + kSmemStatic + 128 <= 99 * 1024,
+              "sm_120 (and sm_86/89) allow at most 99 KB of shared memory per CTA, static + dynamic");
+static_assert(kKvTileBytes % 128 == 0 && kSmemSp % 16 == 0 && kSmemP % 16 == 0, "16-byte aligned sections");
+static_assert(kSmemSp >= 2 * kThreads * 4, "the request scan fits the partial-score buffer");
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- PTX wrappers (sm_80+) ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading src.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+// D = A B + D, A 16x16 bf16 (row), B 16x8 bf16 (col), D 16x8 f32.
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of 16-byte chunk `c` (0..71) of slot row `s` (0..31) in a KV tile: chunks XOR-swizzled by
+// s & 7 inside their aligned group of 8 (72 = 9 x 8, so the result stays in the row).
+__device__ __forceinline__ uint32_t kv_chunk_off(int s, int c) {
+  return uint32_t(s * (kDimQK * 2) + ((c ^ (s & 7)) << 4));
+}
+
+// Writes the flattened (node, head) rows f_begin + warp, + f_stride, ... < f_end (of total_nodes * H) with
+// one value (a lane writes 16 bf16). Used for padding (0 / -inf) and poison (NaN / NaN).
+__device__ void fill_rows(const ddt_verify_attn_params& p, int64_t f_begin, int64_t f_end, int64_t f_stride,
+                          uint16_t v, float l) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
+  const uint4 vv = make_uint4(v2, v2, v2, v2);
+  for (int64_t f = f_begin + warp; f < f_end; f += f_stride) {
+    uint4* o = reinterpret_cast<uint4*>(p.out + f * kDimV);
+    o[lane] = vv;
+    o[lane + 32] = vv;
+    if (lane == 0) p.lse[f] = l;
+  }
+}
+
+// ---- scheduling: per-request item counts, a block scan over requests, item lookup ----
+struct Counts {
+  int items;         // work items of this request in the kernel at hand
+  int partial_rows;  // workspace rows of this request (rows x splits when split, else 0)
+};
+// Main kernel: row_tiles x splits items. Combine: 8-row groups of split requests.
+struct MainCounts {
+  __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
+    const Request q = make_request(p, r);
+    const int64_t rows = int64_t(q.nodes) * p.heads;
+    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows);
+    return {s.row_tiles * s.splits, s.splits > 1 ? int(rows * s.splits) : 0};
+  }
+};
+struct CombineCounts {
+  __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
+    const Request q = make_request(p, r);
+    const int64_t rows = int64_t(q.nodes) * p.heads;
+    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows);
+    if (s.splits <= 1) return {0, 0};
+    return {int((rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem), int(rows * s.splits)};
+  }
+};
+
+// Block-wide inclusive scan of the counts over requests: thread i sums a contiguous chunk of requests
+// (node_offsets must be well formed, so every count and total fits in int: the host bounds them), then a
+// warp-shuffle scan and the warp totals (two barriers). s_items / s_rows [kThreads] receive the inclusive
+// prefix sums per thread chunk. Ends with a barrier.
+template <class F>
+__device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows) {
+  __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (p.batch + kThreads - 1) / kThreads;
+  const int r_lo = tid * per < p.batch ? tid * per : p.batch;
+  const int r_hi = r_lo + per < p.batch ? r_lo + per : p.batch;
+  int a = 0, b = 0;
+  for (int r = r_lo; r < r_hi; ++r) {
+    const Counts c = counts(p, r);
+    a += c.items;
+    b += c.partial_rows;
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int va = __shfl_up_sync(0xFFFFFFFFu, a, off), vb = __shfl_up_sync(0xFFFFFFFFu, b, off);
+    if (lane >= off) { a += va; b += vb; }
+  }
+  if (lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; }
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; }
+  s_items[tid] = a;
+  s_rows[tid] = b;
+  __syncthreads();
+}
+
+struct Item {
+  int r;             // request (-1: none)
+  int local;         // item index within the request
+  int partial_base;  // the request's first workspace row
+};
+// Item b (< total) from the scan: the thread chunk holding it (binary search), then a walk over the
+// chunk's requests. Any thread may call it (no barrier).
+template <class F>
+__device__ Item locate_item(const ddt_verify_attn_params& p, F counts, const int* s_items, const int* s_rows,
+                            int b) {
+  int lo = 0, hi = kThreads - 1;  // first chunk whose inclusive count exceeds b
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (s_items[mid] > b) hi = mid; else lo = mid + 1;
+  }
+  int a0 = lo > 0 ? s_items[lo - 1] : 0, b0 = lo > 0 ? s_rows[lo - 1] : 0;
+  const int per = (p.batch + kThreads - 1) / kThreads;
+  const int r_hi = min((lo + 1) * per, p.batch);
+  for (int r = lo * per; r < r_hi; ++r) {
+    const Counts c = counts(p, r);
+    if (b < a0 + c.items) return {r, b - a0, b0};
+    a0 += c.items;
+    b0 += c.partial_rows;
+  }
+  return {-1, 0, 0};  // unreachable for b < total
+}
+
+// Every CTA of both kernels: is node_offsets well formed? (a block-wide OR; ends with a barrier)
+__device__ bool offsets_bad(const ddt_verify_attn_params& p) {
+  bool bad = false;
+  for (int i = threadIdx.x; i <= p.batch; i += kThreads) bad |= !offsets_entry_ok(p, i);
+  return __syncthreads_or(bad);
+}
+
+// Shared-memory views of the main kernel.
+struct Smem {
+  unsigned char* kv;  // [2][32 slots][72 chunks] bf16, swizzled
+  float* sp;          // [4][32][kSpStride] f32 partial scores (dim quarters)
+  uint16_t* p_hi;     // [32][kPStride] bf16
+  uint16_t* p_lo;     // [32][kPStride] bf16
+  float* alpha;       // [32] rescale factor of the current key tile
+  float* inv_l;       // [32] 1 / l at the end
+};
+
+// One work item: rows [32 t, 32 t + 32) of request r against key tiles [kt_begin, kt_end) of its split.
+__device__ void process_item(const ddt_verify_attn_params& p, const Item item, const Smem& sm, float* ws_o,
+                             float* ws_ml) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int H = p.heads;
+  const float nan = num::bits_f32(0x7FC00000u);
+  __syncthreads();  // the previous item is done with every shared buffer
+
+  const Request q = make_request(p, item.r);
+  const int64_t n_rows = int64_t(q.nodes) * H;
+  const bool shape_ok = request_shape_ok(p, q);
+  const SplitPlan plan = split_plan(shape_ok ? q.keys : 0, n_rows);
+  const int t = item.local % plan.row_tiles, split = item.local / plan.row_tiles;
+  const bool is_split = plan.splits > 1;
+  const int64_t row0 = int64_t(q.first_row) * H;  // global flattened row of the request's row 0
+  const int tile_row0 = t * kBM;                   // first request-local flattened row of this item
+  const int rows_here = n_rows - tile_row0 < kBM ? int(n_rows - tile_row0) : kBM;
+  // Workspace row of (split, request-local row i): partial_base + split * n_rows + i.
+  const int64_t prow0 = int64_t(item.partial_base) + int64_t(split) * n_rows + tile_row0;
+
+  // 1. The request's scalars and the pages of this item's key range (all pages when not split). Bad: the
+  //    rows are NaN (split: partial m = NaN, the combine poisons the rows; every split checks its own pages).
+  const int64_t ktiles = (q.keys + kBN - 1) / kBN;
+  const int64_t kt_begin = int64_t(split) * plan.tiles_per_split;
+  const int64_t kt_end = kt_begin + plan.tiles_per_split < ktiles ? kt_begin + plan.tiles_per_split : ktiles;
+  bool bad = !shape_ok;
+  if (!bad) {
+    const int64_t key0 = kt_begin * kBN, key1 = kt_end * kBN < q.keys ? kt_end * kBN : q.keys;
+    const int64_t pg0 = key0 / p.page_size, pg1 = (key1 + p.page_size - 1) / p.page_size;
+    for (int64_t k = pg0 + tid; k < pg1; k += kThreads) bad |= !page_ok(p, q, k);
+  }
+  if (__syncthreads_or(bad)) {
+    if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
+    if (!is_split) {
+      fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
+    } else {
+      for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
+    }
+    return;
+  }
+  // From here the request is well formed: every slot of the key range maps to a checked page.
+
+  // 2. Q fragments in registers: warp (mt = warp & 1, dq = warp >> 1) holds the A fragments of rows
+  //    [16 mt, 16 mt + 16) for dims [144 dq, 144 dq + 144) (9 k-steps x 4 registers). Rows past the
+  //    request's end are zero.
+  const int g = lane >> 2, c = lane & 3;
+  const int mt = warp & 1, dq = warp >> 1;
+  uint32_t qf[kStepsPerWarp][4];
+  {
+    const int ra = mt * 16 + g, rb = ra + 8;
+    const uint32_t* qa = reinterpret_cast<const uint32_t*>(p.q + (row0 + tile_row0 + ra) * kDimQK);
+    const uint32_t* qb = reinterpret_cast<const uint32_t*>(p.q + (row0 + tile_row0 + rb) * kDimQK);
+    const bool va = ra < rows_here, vb = rb < rows_here;
+#pragma unroll
+    for (int ks = 0; ks < kStepsPerWarp; ++ks) {
+      const int w0 = (dq * 144 + ks * 16) / 2 + c;  // u32 index of dims (k0 + 2c, k0 + 2c + 1)
+      qf[ks][0] = va ? __ldg(qa + w0) : 0u;
+      qf[ks][1] = vb ? __ldg(qb + w0) : 0u;
+      qf[ks][2] = va ? __ldg(qa + w0 + 4) : 0u;
+      qf[ks][3] = vb ? __ldg(qb + w0 + 4) : 0u;
+    }
+  }
+
+  // Softmax thread role: row sr = tid / 8, keys [4 (tid & 7), +4) of each tile.
+  const int sr = tid >> 3, sk = (tid & 7) * 4;
+  const bool s_valid = sr < rows_here;
+  const uint64_t* s_vis = p.vis + (int64_t(q.first_row) + (tile_row0 + sr) / H) * p.vis_words;  // used only if valid
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  float m_run = num::kNegInf, l_run = 0.0f;  // running max (log2 units) and sum of this row
+
+  // Loader role: slot ls = tid / 8, chunks (tid & 7) + 8 i, i < 9.
+  const int ls = tid >> 3, lc = tid & 7;
+  const uint32_t kv_base = smem_addr(sm.kv);
+  auto load_tile = [&](int64_t k0, int buf) {
+    const int64_t j = k0 + ls;
+    const bool in = j < q.keys;
+    const uint16_t* src = in ? p.kv_cache + kv_row_offset(p, q, j) : p.kv_cache;
+    const uint32_t dst = kv_base + uint32_t(buf * kKvTileBytes);
+#pragma unroll
+    for (int i = 0; i < kChunks / 8; ++i) {
+      const int ch = lc + 8 * i;
+      cp_async16(dst + kv_chunk_off(ls, ch), src + ch * 8, in ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  float acc[2][8][4];  // O: [m-tile][n-tile of this warp's 64 dims][fragment]
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int b = 0; b < 8; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
+
+  load_tile(kt_begin * kBN, 0);
+  for (int64_t it = kt_begin; it < kt_end; ++it) {
+    const int buf = int((it - kt_begin) & 1);
+    const int64_t k0 = it * kBN;
+    cp_async_wait_all();
+    __syncthreads();  // (A) tile `it` visible; every warp is done with tile it-1 (its buffer, P, partials)
+    if (it + 1 < kt_end) load_tile(k0 + kBN, buf ^ 1);
+    const uint32_t kv = kv_base + uint32_t(buf * kKvTileBytes);
+
+    // S partial = Q[16 rows, dim quarter] K[32 keys, dim quarter]^T.
+    {
+      float sp[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sp[nt][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kStepsPerWarp; ++ks) {
+        const int ch0 = dq * 18 + 2 * ks;  // chunk of dims k0 .. k0 + 7
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {   // keys 16 np .. 16 np + 15
+          const int s = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int ch = ch0 + ((lane >> 3) & 1);
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(kv + kv_chunk_off(s, ch), b0, b1, b2, b3);
+          mma_bf16(sp[2 * np], qf[ks], b0, b1);
+          mma_bf16(sp[2 * np + 1], qf[ks], b2, b3);
+        }
+      }
+      float* dst = sm.sp + dq * (kBM * kSpStride);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        *reinterpret_cast<float2*>(dst + (mt * 16 + g) * kSpStride + nt * 8 + 2 * c) = make_float2(sp[nt][0], sp[nt][1]);
+        *reinterpret_cast<float2*>(dst + (mt * 16 + g + 8) * kSpStride + nt * 8 + 2 * c) =
+            make_float2(sp[nt][2], sp[nt][3]);
+      }
+    }
+    __syncthreads();  // (B) partial scores complete
+
+    // Online softmax: row sr, keys k0 + sk .. +3. Partials summed in a fixed order (dim quarters 0+1, 2+3).
+    {
+      float s[4];
+      const float4 p0 = *reinterpret_cast<const float4*>(sm.sp + 0 * kBM * kSpStride + sr * kSpStride + sk);
+      const float4 p1 = *reinterpret_cast<const float4*>(sm.sp + 1 * kBM * kSpStride + sr * kSpStride + sk);
+      const float4 p2 = *reinterpret_cast<const float4*>(sm.sp + 2 * kBM * kSpStride + sr * kSpStride + sk);
+      const float4 p3 = *reinterpret_cast<const float4*>(sm.sp + 3 * kBM * kSpStride + sr * kSpStride + sk);
+      s[0] = (p0.x + p1.x) + (p2.x + p3.x);
+      s[1] = (p0.y + p1.y) + (p2.y + p3.y);
+      s[2] = (p0.z + p1.z) + (p2.z + p3.z);
+      s[3] = (p0.w + p1.w) + (p2.w + p3.w);
+      float mx = num::kNegInf;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = k0 + sk + e;
+        const bool vis = s_valid && j < q.keys && visible(s_vis, q, j);
+        s[e] = vis ? s[e] * scale_log2 : num::kNegInf;
+        mx = fmaxf(mx, s[e]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
+      const float m_new = fmaxf(m_run, mx);
+      const float m_use = m_new == num::kNegInf ? 0.0f : m_new;  // no key yet: keep e^(-inf) = 0, not NaN
+      const float alpha = exp2f(m_run - m_use);
+      float pe[4], sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pe[e] = exp2f(s[e] - m_use);
+        sum += pe[e];
+      }
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 4);
+      l_run = l_run * alpha + sum;
+      m_run = m_new;
+      // P = hi + lo, both bf16 (p - hi is exact in f32).
+      const __nv_bfloat162 h01 = __floats2bfloat162_rn(pe[0], pe[1]);
+      const __nv_bfloat162 h23 = __floats2bfloat162_rn(pe[2], pe[3]);
+      const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
+      const __nv_bfloat162 l01 = __floats2bfloat162_rn(pe[0] - f01.x, pe[1] - f01.y);
+      const __nv_bfloat162 l23 = __floats2bfloat162_rn(pe[2] - f23.x, pe[3] - f23.y);
+      uint2 hi, lo;
+      hi.x = *reinterpret_cast<const uint32_t*>(&h01);
+      hi.y = *reinterpret_cast<const uint32_t*>(&h23);
+      lo.x = *reinterpret_cast<const uint32_t*>(&l01);
+      lo.y = *reinterpret_cast<const uint32_t*>(&l23);
+      *reinterpret_cast<uint2*>(sm.p_hi + sr * kPStride + sk) = hi;
+      *reinterpret_cast<uint2*>(sm.p_lo + sr * kPStride + sk) = lo;
+      if ((tid & 7) == 0) sm.alpha[sr] = alpha;
+    }
+    __syncthreads();  // (C) P and the rescale factors complete
+
+    // O = alpha O + P_hi V + P_lo V for this warp's 64 dims.
+    {
+      float al[2][2];
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        al[a][0] = sm.alpha[a * 16 + g];
+        al[a][1] = sm.alpha[a * 16 + g + 8];
+      }
+#pragma unroll
+      for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          acc[a][b][0] *= al[a][0];
+          acc[a][b][1] *= al[a][0];
+          acc[a][b][2] *= al[a][1];
+          acc[a][b][3] *= al[a][1];
+        }
+      const uint32_t phi = smem_addr(sm.p_hi), plo = smem_addr(sm.p_lo);
+#pragma unroll
+      for (int ks = 0; ks < kBN / 16; ++ks) {
+        uint32_t pa[2][4], pb[2][4];  // A fragments of P hi / P lo, m-tiles 0 and 1
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          const int row = a * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          const int col = ks * 16 + ((lane >> 4) << 3);
+          const uint32_t off = uint32_t((row * kPStride + col) * 2);
+          ldmatrix_x4(phi + off, pa[a][0], pa[a][1], pa[a][2], pa[a][3]);
+          ldmatrix_x4(plo + off, pb[a][0], pb[a][1], pb[a][2], pb[a][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {  // dims 64 warp + 16 np .. + 15
+          const int s = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          const int ch = warp * 8 + np * 2 + (lane >> 4);
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(kv + kv_chunk_off(s, ch), b0, b1, b2, b3);
+#pragma unroll
+          for (int a = 0; a < 2; ++a) {
+            mma_bf16(acc[a][2 * np], pa[a], b0, b1);
+            mma_bf16(acc[a][2 * np + 1], pa[a], b2, b3);
+            mma_bf16(acc[a][2 * np], pb[a], b0, b1);
+            mma_bf16(acc[a][2 * np + 1], pb[a], b2, b3);
+          }
+        }
+      }
+    }
+  }
+
+  // 3. Not split: normalise and store; lse = ln(2) m + ln(l) (m in log2 units); no visible key: 0 / -inf.
+  //    Split: the unnormalised o and (m, l) of each row go to the workspace for the combine.
+  if (is_split) {
+    if ((tid & 7) == 0 && s_valid) {
+      ws_ml[(prow0 + sr) * 2] = m_run;
+      ws_ml[(prow0 + sr) * 2 + 1] = l_run;
+    }
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = a * 16 + g + half * 8;
+        if (row >= rows_here) continue;
+        float* o = ws_o + (prow0 + row) * kDimV + warp * 64;
+#pragma unroll
+        for (int b = 0; b < 8; ++b)
+          *reinterpret_cast<float2*>(o + b * 8 + 2 * c) = make_float2(acc[a][b][2 * half], acc[a][b][2 * half + 1]);
+      }
+    return;
+  }
+  if ((tid & 7) == 0) {
+    sm.inv_l[sr] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+    if (s_valid) p.lse[row0 + tile_row0 + sr] = l_run > 0.0f ? m_run * kLn2 + logf(l_run) : num::kNegInf;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = a * 16 + g + half * 8;
+      if (row >= rows_here) continue;
+      const float inv = sm.inv_l[row];
+      uint32_t* o = reinterpret_cast<uint32_t*>(p.out + (row0 + tile_row0 + row) * kDimV + warp * 64);
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        const uint32_t lo = num::f32_to_bf16(acc[a][b][2 * half] * inv);
+        const uint32_t hi = num::f32_to_bf16(acc[a][b][2 * half + 1] * inv);
+        o[b * 4 + c] = lo | (hi << 16);
+      }
+    }
+}
+
+// ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.
+__global__ void __launch_bounds__(kThreads, 1)
+    verify_attn_portable_kernel(ddt_verify_attn_params p, float* ws_o, float* ws_ml) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ Item s_list[kMaxItemsPerCta];
+  Smem sm;
+  sm.kv = smem;
+  sm.sp = reinterpret_cast<float*>(smem + kSmemKv);
+  sm.p_hi = reinterpret_cast<uint16_t*>(smem + kSmemKv + kSmemSp);
+  sm.p_lo = sm.p_hi + kBM * kPStride;
+  sm.alpha = reinterpret_cast<float*>(smem + kSmemKv + kSmemSp + kSmemP);
+  sm.inv_l = sm.alpha + kBM;
+  const int tid = threadIdx.x;
+  const int H = p.heads;
+
+  // 1. node_offsets as a whole. Malformed: no row can be attributed; every CTA poisons a grid-strided
+  //    share of all rows (out NaN, lse NaN) and CTA 0 sets the status bit.
+  if (offsets_bad(p)) {
+    fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
+              num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
+    if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
+    return;
+  }
+
+  // 2. This CTA's items: blockIdx.x + k gridDim.x (k < kMaxItemsPerCta) below the total (the scan lives in
+  //    the partial-score buffer until the list is made).
+  {
+    int* s_items = reinterpret_cast<int*>(sm.sp);
+    int* s_rows = s_items + kThreads;
+    scan_requests(p, MainCounts{}, s_items, s_rows);
+    const int total = s_items[kThreads - 1];
+    if (tid < kMaxItemsPerCta) {
+      const int64_t b = int64_t(blockIdx.x) + int64_t(tid) * gridDim.x;
+      s_list[tid] = b < total ? locate_item(p, MainCounts{}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+    }
+    __syncthreads();
+  }
+#pragma unroll 1
+  for (int k = 0; k < kMaxItemsPerCta; ++k) {
+    const Item item = s_list[k];
+    if (item.r < 0) break;
+    process_item(p, item, sm, ws_o, ws_ml);
+  }
+
+  // 3. Padding rows [off[batch], total_nodes): 0 / -inf, grid-strided over all CTAs.
+  const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
+  fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
+            num::kNegInf);
+}
+
+// The combine: for each row of a split request, merge its splits' (m, l, o):
+//   M = max_s m_s; w_s = 2^(m_s - M); L = sum_s w_s l_s; out = (sum_s w_s o_s) / L; lse = ln(2) M + ln(L).
+// One CTA per row (an item): warp w sums the splits s = w, w + 8, ... in increasing order (lane: dims
+// [4 lane + 128 k, +4), k < 4: coalesced 512-byte warp loads per split), then the 8 warp sums are added in
+// warp order. The order depends only on the split count, so the result is deterministic and batch
+// invariant. A split marked bad (m = NaN) makes the row NaN; no visible key at all (M = -inf): 0 / -inf.
+__global__ void __launch_bounds__(kThreads)
+    verify_attn_combine_kernel(ddt_verify_attn_params p, const float* ws_o, const float* ws_ml) {
+  __shared__ int s_items[kThreads], s_rows[kThreads];
+  __shared__ float4 s_acc[kWarps][kDimV / 4];  // per-warp partial sums (16 KB)
+  __shared__ float s_l[kWarps], s_m[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (offsets_bad(p)) return;  // the main kernel poisoned every row
+  scan_requests(p, CombineCounts{}, s_items, s_rows);
+  const int total = s_items[kThreads - 1];
+  const int H = p.heads;
+  for (int b = blockIdx.x; b < total; b += gridDim.x) {
+    const Item item = locate_item(p, CombineCounts{}, s_items, s_rows, b);
+    const Request q = make_request(p, item.r);
+    const int64_t n_rows = int64_t(q.nodes) * H;
+    const SplitPlan plan = split_plan(q.keys, n_rows);  // shape checked: only split requests have items
+    const int64_t i = item.local;                        // request-local row
+    const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
+    // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
+    float m_max = num::kNegInf;
+    bool bad = false;
+    for (int s = tid; s < plan.splits; s += kThreads) {
+      const float m = ws_ml[(prow + s * n_rows) * 2];
+      bad |= isnan(m);
+      m_max = fmaxf(m_max, m);
+    }
+    m_max = warp_max(m_max);
+    bad = __syncthreads_or(bad);  // (also orders the previous item's reads of s_acc before the writes below)
+    if (lane == 0) s_m[warp] = m_max;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w]);
+    const int64_t out_row = int64_t(q.first_row) * H + i;
+    uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV);  // 4 bf16 per uint2
+    if (bad || m_max == num::kNegInf) {
+      const uint16_t v = bad ? num::kBf16QuietNaN : uint16_t(0);
+      const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
+      if (tid < kDimV / 4) o[tid] = make_uint2(v2, v2);
+      if (tid == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
+      continue;
+    }
+    // 2. Warp w: splits w, w + 8, ... in order.
+    float4 acc[4] = {};
+    float l_sum = 0.0f;
+#pragma unroll 2
+    for (int s = warp; s < plan.splits; s += kWarps) {
+      const int64_t pr = prow + s * n_rows;
+      const float wgt = exp2f(ws_ml[pr * 2] - m_max);
+      l_sum += wgt * ws_ml[pr * 2 + 1];
+      const float4* src = reinterpret_cast<const float4*>(ws_o + pr * kDimV);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 v = src[lane + 32 * k];
+        acc[k].x += wgt * v.x;
+        acc[k].y += wgt * v.y;
+        acc[k].z += wgt * v.z;
+        acc[k].w += wgt * v.w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s_acc[warp][lane + 32 * k] = acc[k];
+    if (lane == 0) s_l[warp] = l_sum;
+    __syncthreads();
+    // 3. The warp sums in warp order; thread t < 128 finishes dims [4 t, 4 t + 4).
+    if (tid < kDimV / 4) {
+      float l_all = 0.0f;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        l_all += s_l[w];
+        const float4 v = s_acc[w][tid];
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const float inv = 1.0f / l_all;
+      const uint32_t x = num::f32_to_bf16(sum.x * inv), y = num::f32_to_bf16(sum.y * inv);
+      const uint32_t z = num::f32_to_bf16(sum.z * inv), w = num::f32_to_bf16(sum.w * inv);
+      o[tid] = make_uint2(x | (y << 16), z | (w << 16));
+      if (tid == 0) p.lse[out_row] = m_max * kLn2 + logf(l_all);
+    }
+  }
+}
+
+// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident.
+struct DeviceInfo {
+  bool ok = false;
+  int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
+  int combine_ctas = 0;  // resident combine CTAs
+};
+DeviceInfo device_info() {
+  constexpr int kMaxDevices = 64;
+  static DeviceInfo info[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) { (void)cudaGetLastError(); return {}; }
+  if (info[dev].ok) return info[dev];
+  int sms = 0, occ = 0, occ2 = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaFuncSetAttribute(verify_attn_portable_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, verify_attn_portable_kernel, kThreads, kSmemBytes) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
+      occ < 1 || occ2 < 1) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  info[dev].main_ctas = occ * sms;
+  info[dev].combine_ctas = occ2 * sms;
+  info[dev].ok = true;
+  return info[dev];
+}
+
+}  // namespace
+}  // namespace ddtree::kern::attn
+
+extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, void* workspace, size_t workspace_bytes,
+                                             void* stream) {
+  using namespace ddtree::kern;
+  if (int rc = validate(p)) return rc;
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_portable_workspace(p, &need)) return rc;
+  if (need > 0 && !workspace)
+    return fail(DDT_ERR_NULL, "verify_attn_portable: workspace is null (ddt_verify_attn_portable_workspace: " +
+                                  std::to_string(need) + " bytes)");
+  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return fail(DDT_ERR_ALIGN, "verify_attn_portable: workspace must be 16-byte aligned");
+  if (workspace_bytes < need)
+    return fail(DDT_ERR_SHAPE, "verify_attn_portable: workspace_bytes " + std::to_string(workspace_bytes) + " < " +
+                                   std::to_string(need) + " needed for these capacities");
+  if (p->total_nodes == 0) return DDT_OK;  // no row to write (batch > 0 then needs off[batch] = 0 anyway)
+  const attn::DeviceInfo dev = attn::device_info();
+  if (!dev.ok)
+    return fail(DDT_ERR_CUDA, "verify_attn_portable: cannot opt in to 97 KB of dynamic shared memory or query occupancy");
+  const attn::Bounds b = attn::capacity_bounds(*p);
+  // Persistent grid: all resident CTAs, more when the item bound needs them (each CTA owns <= 16 items).
+  const int64_t per_cta = attn::kMaxItemsPerCta;
+  int64_t grid = std::min<int64_t>(b.items, std::max<int64_t>(dev.main_ctas, (b.items + per_cta - 1) / per_cta));
+  if (grid < 1) grid = 1;  // padding rows only
+  float* ws_o = static_cast<float*>(workspace);
+  float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  attn::verify_attn_portable_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, ws_o, ws_ml);
+  DDT_CUDA_LAUNCHED();
+  if (b.combine_items > 0) {  // some request may split
+    const int64_t grid2 = std::max<int64_t>(1, std::min<int64_t>(b.combine_items, dev.combine_ctas));
+    attn::verify_attn_combine_kernel<<<unsigned(grid2), attn::kThreads, 0, s>>>(*p, ws_o, ws_ml);
+    DDT_CUDA_LAUNCHED();
+  }
+  return DDT_OK;
+}
