@@ -1,7 +1,11 @@
 // Dev harness (not shipped): where the tree builder's time goes, per CTA, from clock64 stamps compiled into
 // a private copy of kernels/cuda/tree_build.cu (DDT_TREE_PROFILE). Runs the bench's draft shapes through
-// both selection paths and prints per-stage cycles (median and max over the batch) and the rounds path's
-// phase / attempt / generation counts and candidate-set size.
+// every selection path that fits (serial: shared-memory heap; rounds; regheap: register heap, budgets up to
+// kRegHeapMaxBudget) and prints per-stage cycles (median and max over the batch), the rounds path's
+// phase / attempt / generation counts and candidate-set size, and the register heap's pops, exact-tie
+// reductions and cycles per pop. Stamps: 0 start, 1 log-probs staged, 2 theta chosen, 3 set complete,
+// 4 sorted, 5 selection done, 6 end; counters: 8 phases, 9 attempts, 10 generations, 11 set size,
+// 12 tie reductions, 13 pops.
 // build (from build/): nvcc -std=c++20 -arch=sm_90a -O3 -I../kernels/include -I.. ../bench/dev/tree_profile.cu \
 //   ../kernels/common/validate.cpp ../kernels/cpu/topk_cpu.cpp ../kernels/cpu/tree_build_cpu.cpp -o tree_profile
 // usage: tree_profile   (exits 1 if a tree differs from the CPU twin)
@@ -21,11 +25,15 @@ using namespace ddtree;
 int main() {
   const int L = 16, V = 32000;
   int wrong = 0;
-  std::printf("| batch | budget | path | prefetch | theta | expand | sort | select total | output | total | phases | attempts | generations | set size |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| batch | budget | path | prefetch | theta | expand | sort | select total | output | total | phases | attempts | generations | set size | pops | ties | select/pop |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int batch : {1, 64})
-    for (int B : {16, 64, 512})
-      for (int rounds : {0, 1}) {
+    for (int B : {16, 64, 95, 256, 512})
+      for (int path : {0, 1, 2}) {  // 0 serial, 1 rounds, 2 register heap
+        const bool rounds = path == 1;
+        // The register heap runs wherever its slots fit (B 95: 3 slots per lane, above the launcher's
+        // kRegHeapMaxBudget, to see where the switch to rounds should be).
+        if (path == 2 && B + 1 > 32 * kern::kRegHeapMaxSlots) continue;
         std::mt19937_64 rng(2);
         const int K = std::min(B, 1024), N = B + 1;
         auto d = test::random_draft(rng, batch, L, K, V, 0.1f, 0.0f, 3.0f);
@@ -46,6 +54,7 @@ int main() {
                                 (int32_t*)dev(bn * 4), (int32_t*)dev(bn * 4), (int32_t*)dev(batch * 4), (uint32_t*)dev(4)};
         const int limit = kern::max_dynamic_smem();
         const int cs = rounds ? kern::rounds_capacity(B) : 0;
+        const int reg_spl = path == 2 ? (B + 1 + 31) / 32 : 0;
         const auto t = kern::plan(L, K, B, cs);
         if (int(t.bytes) > limit) continue;
         std::vector<long long> prof(1024 * 16);
@@ -53,7 +62,7 @@ int main() {
           cudaMemset(p.status, 0, 4);
           std::vector<long long> zero(1024 * 16, 0);
           cudaMemcpyToSymbol(kern::g_tree_profile, zero.data(), zero.size() * 8);
-          kern::tree_build_kernel<<<batch, kern::kThreads, t.bytes>>>(p, cs);
+          kern::tree_build_kernel<<<batch, kern::kThreads, t.bytes>>>(p, cs, reg_spl);
           cudaDeviceSynchronize();
         }
         cudaMemcpyFromSymbol(prof.data(), kern::g_tree_profile, prof.size() * 8);
@@ -69,7 +78,8 @@ int main() {
         cudaMemcpy(cnt_.data(), p.node_count, batch * 4, cudaMemcpyDeviceToHost);
         const bool ok = tok == h.tokens && par == h.parents && cnt_ == h.node_count &&
                         std::memcmp(sco.data(), h.scores.data(), bn * 4) == 0;
-        if (!ok) { std::printf("MISMATCH vs CPU twin: batch %d budget %d %s\n", batch, B, rounds ? "rounds" : "serial"); wrong = 1; }
+        const char* name = path == 0 ? "serial" : path == 1 ? "rounds" : "regheap";
+        if (!ok) { std::printf("MISMATCH vs CPU twin: batch %d budget %d %s\n", batch, B, name); wrong = 1; }
         auto stat = [&](int a, int b2, bool med) {
           std::vector<long long> v;
           for (int i = 0; i < batch; ++i) v.push_back(prof[i * 16 + b2] - prof[i * 16 + a]);
@@ -82,13 +92,18 @@ int main() {
           return mx;
         };
         if (rounds)
-          std::printf("| %d | %d | rounds | %lld | %lld/%lld | %lld/%lld | %lld/%lld | %lld/%lld | %lld | %lld/%lld | %lld | %lld | %lld | %lld |\n",
+          std::printf("| %d | %d | rounds | %lld | %lld/%lld | %lld/%lld | %lld/%lld | %lld/%lld | %lld | %lld/%lld | %lld | %lld | %lld | %lld | - | - | - |\n",
                       batch, B, stat(0, 1, true), stat(1, 2, true), stat(1, 2, false), stat(2, 3, true), stat(2, 3, false),
                       stat(3, 4, true), stat(3, 4, false), stat(1, 5, true), stat(1, 5, false), stat(5, 6, true),
                       stat(0, 6, true), stat(0, 6, false), cnt(8), cnt(9), cnt(10), cnt(11));
+        else if (path == 2)  // pops (slot 13) and tie reductions (slot 12): max over CTAs
+          std::printf("| %d | %d | regheap | %lld | - | - | - | %lld/%lld | %lld | %lld/%lld | - | - | - | - | %lld | %lld | %lld |\n",
+                      batch, B, stat(0, 1, true), stat(1, 5, true), stat(1, 5, false), stat(5, 6, true), stat(0, 6, true),
+                      stat(0, 6, false), cnt(13), cnt(12), stat(1, 5, true) / std::max(1LL, cnt(13)));
         else
-          std::printf("| %d | %d | serial | %lld | - | - | - | %lld/%lld | %lld | %lld/%lld | - | - | - | - |\n", batch, B,
-                      stat(0, 1, true), stat(1, 5, true), stat(1, 5, false), stat(5, 6, true), stat(0, 6, true), stat(0, 6, false));
+          std::printf("| %d | %d | serial | %lld | - | - | - | %lld/%lld | %lld | %lld/%lld | - | - | - | - | - | - | %lld |\n", batch,
+                      B, stat(0, 1, true), stat(1, 5, true), stat(1, 5, false), stat(5, 6, true), stat(0, 6, true),
+                      stat(0, 6, false), stat(1, 5, true) / B);
       }
   std::printf("(cycles, median/max over the batch's CTAs at ~1.98 GHz; counts are the max over CTAs)\n");
   return (cudaGetLastError() == cudaSuccess && !wrong) ? 0 : 1;

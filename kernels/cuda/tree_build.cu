@@ -1,9 +1,13 @@
 // DDTree best-first tree builder on the GPU (C ABI: ddtree/kernels.h, section 2).
 //
-// One CTA (256 threads) per request; bitwise the CPU twin's trees. Two selection paths fill the same node
+// One CTA (256 threads) per request; bitwise the CPU twin's trees. Three selection paths fill the same node
 // arrays (node i = the i-th pop):
 //
-// 1. Rounds (budgets above 16). The heap's items form a binary "push tree": an item's pusher is its previous
+// 0. Register heap (budgets up to 64, any input): warp 0 simulates the heap with the frontier in registers
+//    (select_regheap): per pop one redux.sync + ballot (a second pair only on an exact score tie), one
+//    shuffle and compare-selects, no shared-memory access on the critical path and no divergent branch;
+//    ~200-250 cycles per pop against ~800 for path 2 (docs/wip/tree_build_notes.md).
+// 1. Rounds (budgets above 64). The heap's items form a binary "push tree": an item's pusher is its previous
 //    sibling (rank r - 1) or, for a rank-0 item, its parent; an item's key never exceeds its pusher's. The
 //    heap pops items in descending (score, then push order); push order among equal scores is the pop
 //    order of the pushers, then sibling before child. So the B pops are the B first items of that total
@@ -16,8 +20,8 @@
 //    raises theta halfway to the frontier's best and retries. Sibling runs join in one step, so a phase
 //    takes about one generation per tree level. A bitonic sort by the exact pop order (equal scores
 //    compared through their pusher chains) gives the nodes.
-// 2. Serial (budgets up to 16, input that is not heap-ordered, and the fallback when the set overflows
-//    its shared-memory capacity, e.g. massive exact ties): warp 0
+// 2. Serial (budgets above 64 with input that is not heap-ordered, and the fallback when the rounds set
+//    overflows its shared-memory capacity, e.g. massive exact ties): warp 0
 //    simulates the heap: the frontier's slots are striped over the lanes, each lane caches its best key,
 //    a pop is a warp max-reduction of the keys' high halves, a ballot (a second reduction of the low halves
 //    only on a tie), and uniform bookkeeping (no divergent branch). ~0.4 us per pop on the H200.
@@ -63,7 +67,9 @@ __device__ inline int cand_depth(uint32_t w) { return int((w >> 11) & 0x3Fu); }
 __device__ inline int cand_rank(uint32_t w) { return int((w >> 17) & 0x3FFu); }
 __device__ inline int cand_kind(uint32_t w) { return int((w >> 27) & 1u); }
 constexpr int kMaxCand = 2048;  // 11-bit candidate ids
-constexpr int kSerialMaxBudget = 16;  // budgets up to this use the serial path
+constexpr int kRegHeapMaxBudget = 64;  // budgets up to this use the register heap (select_regheap)
+constexpr int kRegHeapMaxSlots = (kRegHeapMaxBudget + 1 + 31) / 32;  // its frontier slots per lane
+static_assert(kRegHeapMaxSlots <= 3, "tree_build_kernel instantiates select_regheap for 1, 2 and 3 slots per lane");
 constexpr int kRankSortMax = 256;     // candidate sets up to this size are ordered by rank counting
 
 struct TreeSmemPlan {
@@ -490,7 +496,136 @@ __device__ int select_serial(const TreeSmemPlan& t, unsigned char* smem, const f
   return n;
 }
 
-__global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_params p, int cs) {
+// Register-heap selection by warp 0 (budgets up to kRegHeapMaxBudget, any input; exact: the CPU twin's heap
+// keys item_key(score, seq), popped by max). The frontier lives in registers: slot q (0 .. B) is register
+// slot q / 32 of lane q % 32, SPL = ceil((B + 1) / 32) slots per lane. A pop's first push reuses the popped
+// slot and a second push takes the next fresh slot, so at most 1 + B slots are ever used.
+// Per pop, every branch warp-uniform (a divergent branch costs ~90 cycles, docs/PERF_NOTES.md step 4):
+//  - each lane picks its best slot (SPL - 1 compare-selects) and computes that item's two pushes at once
+//    (two log-prob loads and adds): only the winner's are used, but they overlap the reduction instead of
+//    following it;
+//  - redux.sync max of the keys' high halves (scores) and a ballot find the winner lane; only on an exact
+//    score tie a second redux of the low halves (smaller seq = larger low half) and a ballot;
+//  - the winner keeps its first push in the popped slot (no data movement); the second push (always a
+//    first child) goes to the fresh slot's lane by one shuffle of its score key.
+// Critical path ~ select 30 + redux 52 + ballot 23 + branch 15 + ffs/shfl 45 + slot update 20 ~ 200 cycles
+// (+75 on a tie), against ~800 for the shared-memory frontier of select_serial.
+// Writes node arrays 1..n (node i = the i-th pop) and returns n.
+// Branch-free selects (selp) for the register heap: its per-lane choices differ between lanes, and left to
+// itself the compiler may turn a conditional into a divergent branch (~90 cycles) by sinking an operand's
+// computation into it. The asm keeps both operands computed and the choice a single select.
+__device__ __forceinline__ uint32_t sel(bool c, uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\tselp.b32 %0, %2, %3, p;\n\t}"
+      : "=r"(r) : "r"(uint32_t(c)), "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ float sel(bool c, float a, float b) {
+  return __uint_as_float(sel(c, __float_as_uint(a), __float_as_uint(b)));
+}
+__device__ __forceinline__ int32_t sel(bool c, int32_t a, int32_t b) { return int32_t(sel(c, uint32_t(a), uint32_t(b))); }
+__device__ __forceinline__ uint64_t sel(bool c, uint64_t a, uint64_t b) {
+  return (uint64_t(sel(c, uint32_t(a >> 32), uint32_t(b >> 32))) << 32) | sel(c, uint32_t(a), uint32_t(b));
+}
+
+template <int SPL>
+__device__ int select_regheap(const float* lp_s, int Lc, int Kc, int B, uint32_t* node_pay, float* node_score,
+                              int32_t* node_prev) {
+  const int lane = threadIdx.x & 31;
+  uint64_t key[SPL];     // item_key(score, seq), unique; 0 = empty slot
+  uint32_t pay[SPL];     // pack_item(parent node, depth, rank); an emptied slot keeps its last item's (reads stay in range)
+  float pscore[SPL];     // the parent node's score: what the item's next sibling adds its log-prob to
+  int32_t prev[SPL];     // previous sibling node (whose pop pushed this item); -1 for a first child
+#pragma unroll
+  for (int j = 0; j < SPL; ++j) { key[j] = 0; pay[j] = pack_item(0, 1, 0); pscore[j] = 0.0f; prev[j] = -1; }
+  uint32_t seq = 0;  // push sequence number (uniform)
+  const float v0 = lp_s[0];
+  if (v0 > num::kNegInf) {  // the initial item: the root's rank-0 child, key score = the log-prob itself
+    if (lane == 0) key[0] = item_key(v0, 0);
+    seq = 1;
+  }
+  node_score[0] = 0.0f;
+  int n = 0, next_free = 1;
+  while (n < B) {
+    // This lane's best slot (keys are unique; empty slots are 0).
+    uint64_t bkey = key[0];
+    uint32_t bpay = pay[0];
+    float bps = pscore[0];
+    int32_t bprev = prev[0];
+    int32_t bj = 0;
+#pragma unroll
+    for (int j = 1; j < SPL; ++j) {
+      const bool better = key[j] > bkey;
+      bkey = sel(better, key[j], bkey);
+      bpay = sel(better, pay[j], bpay);
+      bps = sel(better, pscore[j], bps);
+      bprev = sel(better, prev[j], bprev);
+      bj = sel(better, int32_t(j), bj);
+    }
+    const uint32_t bhi = uint32_t(bkey >> 32);
+    // Speculative pushes of this lane's best item, in the CPU twin's order (next sibling, then first child).
+    // An item that can pop has depth d + rank r <= B (its r previous siblings and d - 1 ancestors pop
+    // first), so r + 1 < Kc <=> r + 1 < K and d < Lc <=> d < L for it; for the others the guards only keep
+    // the reads inside the staged Lc x Kc log-probs.
+    const int d = item_depth(bpay), r = item_rank(bpay);
+    const bool has_sib = r + 1 < Kc, has_child = d < Lc;
+    const float v_sib = sel(has_sib, lp_s[sel(has_sib, uint32_t((d - 1) * Kc + r + 1), 0u)], num::kNegInf);
+    const float v_child = sel(has_child, lp_s[sel(has_child, uint32_t(d * Kc), 0u)], num::kNegInf);
+    const bool sib_ok = v_sib > num::kNegInf, child_ok = v_child > num::kNegInf;  // NaN: not pushed
+    const float s = num::from_order_bits(bhi);  // the item's score as the heap stores it (-0 -> +0)
+    const uint32_t sib_hi = num::order_bits(DDT_ADD(bps, v_sib));
+    const uint32_t child_hi = num::order_bits(DDT_ADD(s, v_child));
+    const unsigned sib_mask = __ballot_sync(kAll, sib_ok), child_mask = __ballot_sync(kAll, child_ok);
+
+    const uint32_t mhi = __reduce_max_sync(kAll, bhi);
+    if (mhi == 0) break;  // frontier empty
+    unsigned cand = __ballot_sync(kAll, bhi == mhi);
+    if (__popc(cand) > 1) {  // exact score tie: the smaller sequence number (larger low half) pops first
+      DDT_PROF_COUNT(12);
+      const uint32_t blo = uint32_t(bkey);
+      const uint32_t mlo = __reduce_max_sync(kAll, sel(bhi == mhi, blo, 0u));
+      cand = __ballot_sync(kAll, bhi == mhi && blo == mlo);
+    }
+    const int w = __ffs(cand) - 1;  // the winner lane
+    const int i = n + 1;            // the popped node
+    const uint32_t wpay = __shfl_sync(kAll, bpay, w);
+    const int32_t wprev = __shfl_sync(kAll, bprev, w);
+    const uint32_t w_child_hi = __shfl_sync(kAll, child_hi, w);
+    const float ws = num::from_order_bits(mhi);
+    node_pay[i] = wpay;  // every lane stores the same value (no divergent lane-0 branch)
+    node_score[i] = ws;
+    node_prev[i] = wprev;
+    const bool sib = (sib_mask >> w) & 1u, child = (child_mask >> w) & 1u;  // the winner's pushes (uniform)
+    // First push (meaningful in the winner lane, whose sib_ok == sib): into the popped slot; the next sibling
+    // (sequence seq) if any, else the first child (seq), else the slot empties.
+    const uint64_t k1 = (uint64_t(sel(sib_ok, sib_hi, sel(child_ok, child_hi, 0u))) << 32) |
+                        sel(sib_ok || child_ok, ~seq, 0u);
+    const uint32_t p1 = sel(sib_ok, pack_item(item_parent(bpay), d, r + 1), sel(child_ok, pack_item(i, d + 1, 0), bpay));
+    const float ps1 = sel(sib_ok, bps, s);
+    const int32_t prev1 = sel(sib_ok, int32_t(i), int32_t(-1));
+    // Second push (both pushed: the first child, sequence seq + 1): into the fresh slot next_free.
+    const bool two = sib && child;
+    const uint64_t k2 = (uint64_t(w_child_hi) << 32) | uint64_t(~(seq + 1));
+    const uint32_t p2 = pack_item(i, item_depth(wpay) + 1, 0);
+    const bool win = lane == w, recv = two && lane == (next_free & 31);
+    const int rj = next_free >> 5;
+#pragma unroll
+    for (int j = 0; j < SPL; ++j) {
+      const bool t1 = win && j == bj, t2 = recv && j == rj;  // never both: slot next_free is not yet used
+      key[j] = sel(t1, k1, sel(t2, k2, key[j]));
+      pay[j] = sel(t1, p1, sel(t2, p2, pay[j]));
+      pscore[j] = sel(t1, ps1, sel(t2, ws, pscore[j]));
+      prev[j] = sel(t1, prev1, sel(t2, int32_t(-1), prev[j]));
+    }
+    seq += uint32_t(sib) + uint32_t(child);
+    next_free += int(two);
+    n = i;
+  }
+  DDT_PROF_SET(13, n);
+  return n;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_params p, int cs, int reg_spl) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Scalars sc;
   const TreeSmemPlan t = plan(p.depth, p.k, p.budget, cs);
@@ -506,7 +641,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   const int b = blockIdx.x, N = t.N, L = p.depth, K = p.k, B = p.budget, Kc = t.Kc;
   const float* lp = p.logprobs + int64_t(b) * L * K;
   // The rounds path needs a heap-ordered push tree: log-probs <= 0, rows sorted descending, no NaN (the
-  // top-K kernel's output always is). Anything else goes to the serial path, which is exact for any input.
+  // top-K kernel's output always is). Anything else goes to the serial path, which is exact for any input
+  // (budgets up to kRegHeapMaxBudget take the register heap whatever the input).
   int unordered = 0;
   for (int i = threadIdx.x; i < t.Lc * Kc; i += kThreads) {
     const int d = i / Kc, r = i % Kc;
@@ -519,7 +655,17 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
 
   DDT_PROF_STAMP(1);  // log-probs staged
   bool done = false;
-  if (cs > 0 && !unordered) {
+  if (reg_spl > 0) {  // register heap: any input
+    if (threadIdx.x < 32) {
+      const int Lc = t.Lc;
+      int n;
+      if (reg_spl == 1) n = select_regheap<1>(lp_s, Lc, Kc, B, node_pay, node_score, node_prev);
+      else if (reg_spl == 2) n = select_regheap<2>(lp_s, Lc, Kc, B, node_pay, node_score, node_prev);
+      else n = select_regheap<3>(lp_s, Lc, Kc, B, node_pay, node_score, node_prev);
+      if (threadIdx.x == 0) sc.n = n;
+    }
+    done = true;
+  } else if (cs > 0 && !unordered) {
     select_rounds(t, smem, lp_s, L, K, B, node_pay, node_score, node_prev, sc);
     done = !sc.overflow;
   }
@@ -603,15 +749,16 @@ extern "C" int ddt_tree_build_cuda(const ddt_tree_build_params* p, void* stream)
   if (p->batch == 0) return DDT_OK;
   const int limit = max_dynamic_smem();
   if (limit < 0) return fail(DDT_ERR_CUDA, "tree_build: cannot query or opt in to dynamic shared memory");
-  // Path: serial up to budget 16 (measured faster there: its per-pop cost beats the rounds path's block
-  // barriers, docs/PERF_NOTES.md step 5), rounds above with the largest capacity that fits; 0 = serial.
-  int cs = p->budget > kSerialMaxBudget ? rounds_capacity(p->budget) : 0;
+  // Path: the register heap up to budget kRegHeapMaxBudget (reg_spl = its slots per lane), rounds above with
+  // the largest capacity that fits (cs), the shared-memory serial heap when neither (cs = 0).
+  const int reg_spl = p->budget <= kRegHeapMaxBudget ? (p->budget + 1 + 31) / 32 : 0;
+  int cs = reg_spl == 0 ? rounds_capacity(p->budget) : 0;
   while (cs > 0 && plan(p->depth, p->k, p->budget, cs).bytes > size_t(limit)) cs /= 2;
   if (cs < p->budget + 1) cs = 0;  // a set that cannot hold B + 1 candidates never completes
   const TreeSmemPlan t = plan(p->depth, p->k, p->budget, cs);
   if (t.bytes > size_t(limit))
     return fail(DDT_ERR_SHAPE, "tree_build: depth x k x budget needs more shared memory than this GPU has");
-  tree_build_kernel<<<p->batch, kThreads, t.bytes, static_cast<cudaStream_t>(stream)>>>(*p, cs);
+  tree_build_kernel<<<p->batch, kThreads, t.bytes, static_cast<cudaStream_t>(stream)>>>(*p, cs, reg_spl);
   DDT_CUDA_LAUNCHED();
   return DDT_OK;
 }

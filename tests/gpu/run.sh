@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one device call: kernel tests vs the CPU twins, the Python references
-# with PyTorch CUDA tensors, the demo on cuda, and the kernel benchmark. Expects the binaries built on the
+# with PyTorch CUDA tensors, the demo on cuda, and the kernel benchmark (SKIP_KERNEL_BENCH=1 skips it alone). Expects the binaries built on the
 # dev machine in .gpu-carry/ (tests/gpu/pack.sh makes it); writes logs under $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +23,9 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the exit 
 step gpu_tests "$c/test_kernels_gpu" ${GTEST_ARGS:-}
 [ "${SKIP_PY:-0}" = 1 ] || step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
 [ "${SKIP_DEMO:-0}" = 1 ] || step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
-if [ "${SKIP_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
+# The tree builder's per-stage profile (dev harness; packed only with PROFILE=1).
+[ -x "$c/tree_profile" ] && TAIL=40 step tree_profile "$c/tree_profile"
 # Tree-verify attention (issue 5): oracle vs CPU twin / brute force; the oracle's benchmark (SKIP_ATTN=1 skips
 # both, SKIP_BENCH=1 the benchmark; ATTN_BENCH_ARGS=--quick for the short table).
 if [ "${SKIP_ATTN:-0}" != 1 ]; then
