@@ -1,13 +1,18 @@
 // Benchmark (and check) of tree-verify MLA attention on the GPU: both CUDA kernels in the same run, the
 // oracle (ddt_verify_attn_cuda) and the portable flash kernel (ddt_verify_attn_portable_cuda), one table
 // row per (shape, kernel), with the portable kernel's speedup over the oracle, on the shapes of reference/mla-verify-attention.md: P in {512, 2k, 8k, 32k, 128k} x T in {1, 8, 16, 32,
-// 64, 128}, H = 8, page size 64, fixed batch per P (64 at 512 and 2k, 32 at 8k and 32k, 8 at 128k) and
+// 64, 128}, H = 8, page size 64 (--page), fixed batch per P (64 at 512 and 2k, 32 at 8k and 32k, 8 at 128k) and
 // batch 1; random bushy trees (the mask does not change the oracle's cost much: it visits every slot).
 // The oracle is the correctness reference, not a fast kernel: its numbers are the baseline the flash
 // kernels (issue 5, part 2) are compared against. Shapes whose oracle estimate exceeds --max-est-s run
 // the portable kernel only.
 //
-// usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S]
+// usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] [--contiguous] [--chain]
+//                          [--portable-only]
+//   --page N           tokens per KV page (default 64)
+//   --contiguous       physical pages in logical order (default: a random permutation of the pages)
+//   --chain            every tree a chain: the causal case (default: random bushy trees)
+//   --portable-only    skip the oracle
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
 //   --min-fraction F   exit 1 if the portable kernel's fraction of the roofline is below F on a shape
 //                      (default 0: no floor; the oracle is never held to it)
@@ -46,7 +51,10 @@ using ddtree::test::DevBuf;
 namespace {
 
 constexpr double kCeilBw = 4.3e12, kCeilFlops = 790e12;  // reference/mla-verify-attention.md
-constexpr int kHeads = 8, kPage = 64, kMaxT = 128;
+constexpr int kHeads = 8, kMaxT = 128;
+int g_page = 64;             // --page: tokens per KV page
+bool g_contiguous = false;   // --contiguous: physical pages in logical order (default: randomly permuted)
+bool g_chain = false;        // --chain: every tree is a chain (the causal case; default: random bushy trees)
 int g_wrong = 0, g_below_floor = 0;
 
 // The kernels timed, in table order (the oracle first: the portable rows print the speedup over it).
@@ -95,13 +103,13 @@ struct Setup {
   DevBuf<uint16_t> d_kv;
   DevBuf<int32_t> d_pt, d_prefix;
   Setup(int P_, int batch_, uint64_t seed) : P(P_), batch(batch_) {
-    max_pages = (P + kMaxT + kPage - 1) / kPage;
+    max_pages = (P + kMaxT + g_page - 1) / g_page;
     num_pages = int64_t(batch) * max_pages;
-    kv.resize(size_t(num_pages) * kPage * kQK);
+    kv.resize(size_t(num_pages) * g_page * kQK);
     Noise(seed).fill(kv.data(), kv.size());
     std::vector<int32_t> perm(num_pages);
     for (int64_t i = 0; i < num_pages; ++i) perm[i] = int32_t(i);
-    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+    if (!g_contiguous) std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
     page_table.assign(perm.begin(), perm.end());
     prefix.assign(batch, P);
     d_kv = DevBuf<uint16_t>(kv);
@@ -119,8 +127,8 @@ void reference_row(const Setup& s, const std::vector<uint16_t>& q, const std::ve
   std::vector<double> qd(kQK), sc(keys, -INFINITY);
   for (int d = 0; d < kQK; ++d) qd[d] = bf16_f32(qr[d]);
   auto krow = [&](int64_t j) {
-    const int64_t page = s.page_table[size_t(r) * s.max_pages + j / kPage];
-    return s.kv.data() + (size_t(page) * kPage + size_t(j % kPage)) * kQK;
+    const int64_t page = s.page_table[size_t(r) * s.max_pages + j / g_page];
+    return s.kv.data() + (size_t(page) * g_page + size_t(j % g_page)) * kQK;
   };
   auto visible = [&](int64_t j) {
     if (j < s.P) return true;
@@ -157,7 +165,7 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   const double roof_us = std::max(bytes / kCeilBw, flops / kCeilFlops) * 1e6;
   // Oracle estimate: every (row, head) CTA streams all P + T rows through L2 (~3 TB/s effective, pessimistic).
   const double est_s = double(total) * kHeads * (P + T) * 1152.0 / 3e12;
-  // Queries and bushy trees (node i's parent uniform in [0, i)).
+  // Queries and trees: bushy (node i's parent uniform in [0, i)) or, with --chain, chains (parent i - 1).
   std::mt19937_64 rng(uint64_t(P) * 131 + T * 7 + batch);
   std::vector<uint16_t> q(size_t(total) * kHeads * kQK);
   Noise(rng()).fill(q.data(), q.size());
@@ -167,7 +175,7 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   for (int r = 0; r < batch; ++r)
     for (int i = 0; i < T; ++i) {
       uint64_t* row = vis.data() + size_t(r * T + i) * W;
-      if (i > 0) std::memcpy(row, vis.data() + size_t(r * T + int(rng() % i)) * W, size_t(W) * 8);
+      if (i > 0) std::memcpy(row, vis.data() + size_t(r * T + (g_chain ? i - 1 : int(rng() % i))) * W, size_t(W) * 8);
       row[i / 64] |= uint64_t(1) << (i % 64);
     }
   DevBuf<uint16_t> dq(q), dout(size_t(total) * kHeads * kV);
@@ -177,7 +185,7 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   DevBuf<uint32_t> dst(1);
   const float scale = 0.1352337f;  // 1/sqrt(192) x YaRN mscale^2 (Kimi-K2 / DeepSeek-V3 style)
   ddt_verify_attn_params prm{dq.ptr, st.d_kv.ptr, st.d_pt.ptr, st.d_prefix.ptr, doff.ptr, dvis.ptr, batch, total,
-                             kHeads, kPage, st.max_pages, st.num_pages, W, scale, dout.ptr, dlse.ptr, dst.ptr};
+                             kHeads, g_page, st.max_pages, st.num_pages, W, scale, dout.ptr, dlse.ptr, dst.ptr};
   // Host references of the sampled (row, head) pairs, shared by both kernels' checks.
   const int samples[3][2] = {{0, 0}, {total - 1, kHeads - 1}, {total / 2, 3 % kHeads}};
   std::vector<double> ref_out[3], ref_lse(3);
@@ -244,15 +252,24 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, portable_only = false;
   double min_fraction = 0.0, max_est_s = 2.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--min-fraction" && i + 1 < argc) min_fraction = std::atof(argv[++i]);
     else if (a == "--max-est-s" && i + 1 < argc) max_est_s = std::atof(argv[++i]);
-    else { std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S]\n"); return 2; }
+    else if (a == "--page" && i + 1 < argc) g_page = std::atoi(argv[++i]);
+    else if (a == "--contiguous") g_contiguous = true;
+    else if (a == "--chain") g_chain = true;
+    else if (a == "--portable-only") portable_only = true;
+    else {
+      std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
+                           "[--contiguous] [--chain] [--portable-only]\n");
+      return 2;
+    }
   }
+  if (g_page < 1) { std::fprintf(stderr, "bench_verify_attn: --page must be >= 1\n"); return 2; }
   if (!ddt_cuda_available()) {
     std::printf("bench_verify_attn: no GPU visible; nothing to measure\n");
     return 77;
@@ -268,8 +285,9 @@ int main(int argc, char** argv) {
               "kernel (mma.sync bf16, 32 rows x 32 keys per step, cp.async) on %s (%d SMs)\n",
               prop.name, prop.multiProcessorCount);
   std::printf("# same-run device copy %.2f TB/s (read + write); roofline ceilings fixed at 4.3 TB/s and 790 TFLOP/s "
-              "(reference/mla-verify-attention.md); H = %d, page size %d, bushy trees, L2 flushed before each sample\n",
-              copy_tbs, kHeads, kPage);
+              "(reference/mla-verify-attention.md); H = %d, page size %d, %s pages, %s trees, L2 flushed before each "
+              "sample\n",
+              copy_tbs, kHeads, g_page, g_contiguous ? "contiguous" : "shuffled", g_chain ? "chain" : "bushy");
   std::printf("# bytes = batch x (1152 (P+T) + 2176 H T); FLOPs = batch x 2176 H T (P+T); fraction = roofline us / us\n\n");
   std::printf("| P | T | batch | kernel | us | TB/s | TFLOP/s | roofline us | fraction of roofline | fraction of copy BW | "
               "speedup vs oracle | checked vs host f64 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -280,7 +298,7 @@ int main(int argc, char** argv) {
     for (int batch : {fixed_batch(P), 1}) {
       if (quick && batch == 1 && P < 32768) continue;  // --quick: batch 1 at P = 32k only
       Setup st(P, batch, uint64_t(P) * 3 + batch);
-      for (int T : Ts) run_shape(s, st, T, copy_tbs, max_est_s, min_fraction, flush);
+      for (int T : Ts) run_shape(s, st, T, copy_tbs, portable_only ? -1.0 : max_est_s, min_fraction, flush);
     }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\nwrong results: %d; shapes below --min-fraction %.3f: %d; wall time %.1f s\n", g_wrong, min_fraction,

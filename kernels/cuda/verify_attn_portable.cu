@@ -53,6 +53,27 @@
 namespace ddtree::kern::attn {
 namespace {
 
+// Dev profiling (bench/dev/attn_profile.cu defines DDT_ATTN_PROFILE): thread 0 of each CTA adds the cycles of
+// each phase to g_attn_profile[blockIdx.x][slot] (warp 0's view: a barrier slot is the time warp 0 waits for
+// the slowest warp). Compiled out otherwise.
+#ifdef DDT_ATTN_PROFILE
+__device__ long long g_attn_profile[4096][16];
+#define DDT_PROF_START(t) long long t = clock64()
+#define DDT_PROF_LAP(slot, t)                                                      \
+  do {                                                                             \
+    if (threadIdx.x == 0) {                                                        \
+      const long long now_ = clock64();                                            \
+      g_attn_profile[blockIdx.x % 4096][slot] += now_ - (t);                       \
+      (t) = now_;                                                                  \
+    }                                                                              \
+  } while (0)
+#define DDT_PROF_COUNT(slot) do { if (threadIdx.x == 0) ++g_attn_profile[blockIdx.x % 4096][slot]; } while (0)
+#else
+#define DDT_PROF_START(t) do {} while (0)
+#define DDT_PROF_LAP(slot, t) do {} while (0)
+#define DDT_PROF_COUNT(slot) do {} while (0)
+#endif
+
 // ---- config ----
 constexpr int kBM = kRowTile;          // 32 query rows (node x head, flattened) per row tile
 constexpr int kBN = kKeyTile;          // 32 key slots per KV tile
@@ -240,6 +261,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
   const int H = p.heads;
   const float nan = num::bits_f32(0x7FC00000u);
   __syncthreads();  // the previous item is done with every shared buffer
+  DDT_PROF_START(tp);
+  DDT_PROF_COUNT(9);
 
   const Request q = make_request(p, item.r);
   const int64_t n_rows = int64_t(q.nodes) * H;
@@ -301,20 +324,42 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
   const bool s_valid = sr < rows_here;
   const uint64_t* s_vis = p.vis + (int64_t(q.first_row) + (tile_row0 + sr) / H) * p.vis_words;  // used only if valid
   const float scale_log2 = p.softmax_scale * kLog2e;
-  float m_run = num::kNegInf, l_run = 0.0f;  // running max (log2 units) and sum of this row
+  float m_run = num::kNegInf, l_run = 0.0f;  // the row's running max (log2 units); this thread's share of its sum
 
-  // Loader role: slot ls = tid / 8, chunks (tid & 7) + 8 i, i < 9.
+  // Loader role: slot ls = tid / 8, chunks (tid & 7) + 8 i, i < 9. Where a slot lives is looked up one tile
+  // ahead (SlotRef: the page-table load is issued a whole tile before its use, the division done there too),
+  // so issuing a tile's copies never waits on a global load. (Issuing the 9 copies per thread still costs
+  // warp 0 ~900 of ~3800 cycles per tile: the memory pipeline is shared with the ldmatrix traffic, ~180 KB of
+  // shared-memory traffic per tile; docs/PERF_NOTES.md.)
   const int ls = tid >> 3, lc = tid & 7;
   const uint32_t kv_base = smem_addr(sm.kv);
-  auto load_tile = [&](int64_t k0, int buf) {
-    const int64_t j = k0 + ls;
-    const bool in = j < q.keys;
-    const uint16_t* src = in ? p.kv_cache + kv_row_offset(p, q, j) : p.kv_cache;
+  struct SlotRef {
+    int32_t page;  // physical page (valid when in)
+    uint32_t off;  // slot within the page
+    bool in;       // slot < P + N
+  };
+  auto slot_ref = [&](int64_t kt) {
+    SlotRef r;
+    const int64_t j = kt * kBN + ls;
+    r.in = j < q.keys;
+    int64_t lpage = 0;
+    if (j <= 0x7FFFFFFF) {  // 32-bit division (a 64-bit one is a long software routine on the GPU)
+      lpage = uint32_t(j) / uint32_t(p.page_size);
+      r.off = uint32_t(j) - uint32_t(lpage) * uint32_t(p.page_size);
+    } else {
+      lpage = j / p.page_size;
+      r.off = uint32_t(j % p.page_size);
+    }
+    r.page = r.in ? int32_t(page_entry(p, q, lpage)) : 0;
+    return r;
+  };
+  auto load_tile = [&](const SlotRef& r, int buf) {
+    const uint16_t* src = p.kv_cache + (int64_t(r.page) * p.page_size + r.off) * kDimQK;  // = kv_row_offset
     const uint32_t dst = kv_base + uint32_t(buf * kKvTileBytes);
 #pragma unroll
     for (int i = 0; i < kChunks / 8; ++i) {
       const int ch = lc + 8 * i;
-      cp_async16(dst + kv_chunk_off(ls, ch), src + ch * 8, in ? 16 : 0);
+      cp_async16(dst + kv_chunk_off(ls, ch), src + ch * 8, r.in ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -327,13 +372,20 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.0f;
 
-  load_tile(kt_begin * kBN, 0);
+  load_tile(slot_ref(kt_begin), 0);
+  SlotRef next = slot_ref(kt_begin + 1 < kt_end ? kt_begin + 1 : kt_begin);  // tile kt_begin + 1's slot
+  DDT_PROF_LAP(1, tp);  // item prologue: scalars, page checks, Q fragments, first load issued
   for (int64_t it = kt_begin; it < kt_end; ++it) {
     const int buf = int((it - kt_begin) & 1);
     const int64_t k0 = it * kBN;
+    DDT_PROF_COUNT(10);
     cp_async_wait_all();
+    DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
     __syncthreads();  // (A) tile `it` visible; every warp is done with tile it-1 (its buffer, P, partials)
-    if (it + 1 < kt_end) load_tile(k0 + kBN, buf ^ 1);
+    DDT_PROF_LAP(3, tp);  // barrier A
+    if (it + 1 < kt_end) load_tile(next, buf ^ 1);
+    if (it + 2 < kt_end) next = slot_ref(it + 2);  // used a tile from now
+    DDT_PROF_LAP(4, tp);  // next tile's loads issued
     const uint32_t kv = kv_base + uint32_t(buf * kKvTileBytes);
 
     // S partial = Q[16 rows, dim quarter] K[32 keys, dim quarter]^T.
@@ -364,7 +416,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
             make_float2(sp[nt][2], sp[nt][3]);
       }
     }
+    DDT_PROF_LAP(5, tp);  // QK (warp 0's share)
     __syncthreads();  // (B) partial scores complete
+    DDT_PROF_LAP(6, tp);
 
     // Online softmax: row sr, keys k0 + sk .. +3. Partials summed in a fixed order (dim quarters 0+1, 2+3).
     {
@@ -397,10 +451,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
         pe[e] = exp2f(s[e] - m_use);
         sum += pe[e];
       }
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 4);
-      l_run = l_run * alpha + sum;
+      l_run = l_run * alpha + sum;  // this thread's 4-key share; the row's 8 shares are added at the end
       m_run = m_new;
       // P = hi + lo, both bf16 (p - hi is exact in f32).
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(pe[0], pe[1]);
@@ -417,7 +468,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
       *reinterpret_cast<uint2*>(sm.p_lo + sr * kPStride + sk) = lo;
       if ((tid & 7) == 0) sm.alpha[sr] = alpha;
     }
+    DDT_PROF_LAP(7, tp);  // softmax
     __syncthreads();  // (C) P and the rescale factors complete
+    DDT_PROF_LAP(8, tp);
 
     // O = alpha O + P_hi V + P_lo V for this warp's 64 dims.
     {
@@ -464,7 +517,13 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
         }
       }
     }
+    DDT_PROF_LAP(11, tp);  // PV (warp 0's share)
   }
+
+  // The row sum from its 8 threads' shares (a fixed butterfly order).
+  l_run += __shfl_xor_sync(0xFFFFFFFFu, l_run, 1);
+  l_run += __shfl_xor_sync(0xFFFFFFFFu, l_run, 2);
+  l_run += __shfl_xor_sync(0xFFFFFFFFu, l_run, 4);
 
   // 3. Not split: normalise and store; lse = ln(2) m + ln(l) (m in log2 units); no visible key: 0 / -inf.
   //    Split: the unnormalised o and (m, l) of each row go to the workspace for the combine.
@@ -484,6 +543,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
         for (int b = 0; b < 8; ++b)
           *reinterpret_cast<float2*>(o + b * 8 + 2 * c) = make_float2(acc[a][b][2 * half], acc[a][b][2 * half + 1]);
       }
+    DDT_PROF_LAP(12, tp);  // epilogue
     return;
   }
   if ((tid & 7) == 0) {
@@ -506,6 +566,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
         o[b * 4 + c] = lo | (hi << 16);
       }
     }
+  DDT_PROF_LAP(12, tp);  // epilogue
 }
 
 // ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.

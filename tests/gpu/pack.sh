@@ -11,9 +11,11 @@ rm -rf .gpu-carry && mkdir -p .gpu-carry/lib
 cp "$build"/lib/libddtree_kernels.so .gpu-carry/lib/
 cp "$build"/tests/gpu/test_kernels_gpu "$build"/bench/bench_kernels "$build"/bin/ddtree-demo .gpu-carry/
 cp "$build"/tests/gpu/test_verify_attn_gpu "$build"/bench/bench_verify_attn .gpu-carry/
-# Dev harness (bench/dev/tree_profile.cu: per-stage clock64 profile of the tree builder), when PROFILE=1.
+# Dev harnesses (bench/dev/tree_profile.cu, attn_profile.cu: per-stage clock64 profiles), when PROFILE=1.
 if [ "${PROFILE:-0}" = 1 ]; then
   nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/tree_profile.cu kernels/common/validate.cpp \
     kernels/cpu/topk_cpu.cpp kernels/cpu/tree_build_cpu.cpp -o .gpu-carry/tree_profile
+  nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu kernels/common/validate.cpp \
+    kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile
 fi
 du -sh .gpu-carry

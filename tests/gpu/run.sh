@@ -24,13 +24,25 @@ step gpu_tests "$c/test_kernels_gpu" ${GTEST_ARGS:-}
 [ "${SKIP_PY:-0}" = 1 ] || step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
 [ "${SKIP_DEMO:-0}" = 1 ] || step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
-# The tree builder's per-stage profile (dev harness; packed only with PROFILE=1).
-[ -x "$c/tree_profile" ] && TAIL=40 step tree_profile "$c/tree_profile"
+# The tree builder's and the attention kernel's per-stage profiles (dev harnesses; packed only with PROFILE=1).
+[ -x "$c/tree_profile" ] && [ "${SKIP_TREE_PROFILE:-0}" != 1 ] && TAIL=40 step tree_profile "$c/tree_profile"
+[ -x "$c/attn_profile" ] && TAIL=20 step attn_profile "$c/attn_profile"
 # Tree-verify attention (issue 5): oracle vs CPU twin / brute force; the oracle's benchmark (SKIP_ATTN=1 skips
 # both, SKIP_BENCH=1 the benchmark; ATTN_BENCH_ARGS=--quick for the short table).
 if [ "${SKIP_ATTN:-0}" != 1 ]; then
   step verify_attn_gpu "$c/test_verify_attn_gpu" ${ATTN_GTEST_ARGS:-}
-  if [ "${SKIP_BENCH:-0}" != 1 ]; then TAIL=80 step bench_verify_attn "$c/bench_verify_attn" ${ATTN_BENCH_ARGS:-}; fi
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    TAIL=80 step bench_verify_attn "$c/bench_verify_attn" ${ATTN_BENCH_ARGS:-}
+    # Variants (ATTN_BENCH_EXTRA: argument lists separated by ';', e.g. "--quick --portable-only --page 1").
+    i=0
+    IFS=';' read -ra extra <<< "${ATTN_BENCH_EXTRA:-}"
+    for args in "${extra[@]}"; do
+      i=$((i + 1))
+      TAIL=30 step "bench_verify_attn_v$i" "$c/bench_verify_attn" $args
+    done
+    # The portable kernel against a PyTorch implementation in the same process (TORCH_BENCH_ARGS=--full).
+    TAIL=30 step bench_verify_attn_torch python3 bench/bench_verify_attn_torch.py ${TORCH_BENCH_ARGS:-}
+  fi
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | sed 's/^/after: /' | tee -a "$out/gpu.txt"
 echo "== summary"

@@ -1,0 +1,102 @@
+// Dev harness (not shipped): where the portable verify-attention kernel's time goes, from clock64 stamps
+// compiled into a private copy of kernels/cuda/verify_attn_portable.cu (DDT_ATTN_PROFILE): warp 0's cycles
+// per key tile in each phase (tile wait, barrier A, load issue, QK, barrier B, softmax, barrier C, PV), the
+// item prologue and epilogue per item, and the kernel time, on a few benchmark shapes (H = 8, page 64,
+// shuffled pages, bushy trees).
+// build (from the repo root): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \
+//   kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o attn_profile
+// usage: attn_profile
+#define DDT_ATTN_PROFILE 1
+#include "kernels/cuda/verify_attn_portable.cu"
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+int main() {
+  using namespace ddtree::kern::attn;
+  constexpr int H = 8, kPage = 64;
+  struct Shape { int P, T, batch; };
+  std::printf("| P | T | batch | kernel us | items | tiles | prologue/item | wait | bar A | load issue | QK | bar B | "
+              "softmax | bar C | PV | sum/tile | epilogue/item |\n|");
+  for (int i = 0; i < 17; ++i) std::printf("---|");
+  std::printf("\n");
+  for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}}) {
+    const int keys = sh.P + sh.T, max_pages = (keys + kPage - 1) / kPage, total = sh.batch * sh.T;
+    const int64_t num_pages = int64_t(sh.batch) * max_pages;
+    std::mt19937_64 rng(sh.P + sh.T);
+    std::vector<uint16_t> kv(size_t(num_pages) * kPage * kDimQK), q(size_t(total) * H * kDimQK);
+    for (auto& x : kv) x = uint16_t(0x3C00 + (rng() & 0x3FF)) ^ uint16_t((rng() & 1) << 15);  // +-[0.0078, 0.0156)
+    for (auto& x : q) x = uint16_t(0x3F00 + (rng() & 0xFF)) ^ uint16_t((rng() & 1) << 15);     // +-[0.5, 1)
+    std::vector<int32_t> pt(num_pages), prefix(sh.batch, sh.P), off(sh.batch + 1);
+    for (int64_t i = 0; i < num_pages; ++i) pt[i] = int32_t(i);
+    std::shuffle(pt.begin(), pt.end(), rng);
+    for (int r = 0; r <= sh.batch; ++r) off[r] = r * sh.T;
+    const int W = (sh.T + 63) / 64;
+    std::vector<uint64_t> vis(size_t(total) * W, 0);
+    for (int r = 0; r < sh.batch; ++r)
+      for (int i = 0; i < sh.T; ++i) {
+        uint64_t* row = &vis[size_t(r * sh.T + i) * W];
+        if (i > 0) for (int w = 0; w < W; ++w) row[w] = vis[size_t(r * sh.T + int(rng() % i)) * W + w];
+        row[i / 64] |= uint64_t(1) << (i % 64);
+      }
+    auto up = [](const auto& v) {
+      void* d = nullptr;
+      cudaMalloc(&d, v.size() * sizeof(v[0]));
+      cudaMemcpy(d, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice);
+      return d;
+    };
+    uint16_t* dkv = (uint16_t*)up(kv);
+    uint16_t* dq = (uint16_t*)up(q);
+    int32_t* dpt = (int32_t*)up(pt);
+    int32_t* dpre = (int32_t*)up(prefix);
+    int32_t* doff = (int32_t*)up(off);
+    uint64_t* dvis = (uint64_t*)up(vis);
+    uint16_t* dout; float* dlse; uint32_t* dst;
+    cudaMalloc(&dout, size_t(total) * H * kDimV * 2);
+    cudaMalloc(&dlse, size_t(total) * H * 4);
+    cudaMalloc(&dst, 4);
+    cudaMemset(dst, 0, 4);
+    ddt_verify_attn_params prm{dq, dkv, dpt, dpre, doff, dvis, sh.batch, total, H, kPage, max_pages, num_pages, W,
+                               0.1352337f, dout, dlse, dst};
+    size_t ws_bytes = 0;
+    ddt_verify_attn_portable_workspace(&prm, &ws_bytes);
+    void* ws = nullptr;
+    cudaMalloc(&ws, ws_bytes + 16);
+    if (ddt_verify_attn_portable_cuda(&prm, ws, ws_bytes, nullptr) != DDT_OK) { std::printf("launch failed\n"); return 1; }
+    cudaDeviceSynchronize();
+    static long long zero[4096][16];
+    cudaMemcpyToSymbol(g_attn_profile, zero, sizeof zero);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaEventRecord(e0);
+    ddt_verify_attn_portable_cuda(&prm, ws, ws_bytes, nullptr);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    static long long prof[4096][16];
+    cudaMemcpyFromSymbol(prof, g_attn_profile, sizeof prof);
+    long long sum[16] = {};
+    for (int b = 0; b < 4096; ++b)
+      for (int k = 0; k < 16; ++k) sum[k] += prof[b][k];
+    const double items = double(sum[9]), tiles = double(sum[10]);
+    const int slots[] = {2, 3, 4, 5, 6, 7, 8, 11};
+    double per_tile = 0;
+    std::printf("| %d | %d | %d | %.1f | %.0f | %.0f | %.0f |", sh.P, sh.T, sh.batch, ms * 1e3, items, tiles, sum[1] / items);
+    for (int k : slots) {
+      std::printf(" %.0f |", sum[k] / tiles);
+      per_tile += sum[k] / tiles;
+    }
+    std::printf(" %.0f | %.0f |\n", per_tile, sum[12] / items);
+    uint32_t st = 1;
+    cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost);
+    if (st != 0 || cudaGetLastError() != cudaSuccess) { std::printf("status %u / CUDA error\n", st); return 1; }
+    for (void* ptr : {(void*)dkv, (void*)dq, (void*)dpt, (void*)dpre, (void*)doff, (void*)dvis, (void*)dout, (void*)dlse,
+                      (void*)dst, ws})
+      cudaFree(ptr);
+  }
+  std::printf("(cycles at ~1.98 GHz, warp 0's view, summed over CTAs and divided by tiles or items)\n");
+  return 0;
+}
