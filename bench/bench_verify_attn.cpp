@@ -62,21 +62,7 @@ struct KernelRow {
   const char* name;
   int (*fn)(const ddt_verify_attn_params*, void*);
 };
-// The portable kernel with its workspace: one device buffer grown to the largest size asked (outside the
-// timed region: the first call for a shape is the unTimed check).
-int portable_with_workspace(const ddt_verify_attn_params* p, void* stream) {
-  static void* ws = nullptr;
-  static size_t cap = 0;
-  size_t need = 0;
-  if (int rc = ddt_verify_attn_portable_workspace(p, &need)) return rc;
-  if (need > cap) {
-    if (ws) GPU_CHECK(cudaFree(ws));
-    GPU_CHECK(cudaMalloc(&ws, need));
-    cap = need;
-  }
-  return ddt_verify_attn_portable_cuda(p, ws, cap, stream);
-}
-const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", portable_with_workspace}};
+const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", ddtree::test::verify_attn_portable_with_workspace}};
 
 // Fast host bf16 noise: uniform in [-2, 2) from a xorshift (std::normal_distribution is too slow for
 // the 1.2 GB caches of the large shapes).

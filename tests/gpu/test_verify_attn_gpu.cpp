@@ -71,24 +71,8 @@ struct Kernel {
   KernelFn fn;
   Tol vs_twin;
 };
-// The portable kernel with its workspace: one device buffer grown to the largest size asked so far (grown
-// outside any capture: graph_replay warms up first), NaN-filled when allocated, never cleared: the kernel
-// must not depend on its contents.
-int portable(const ddt_verify_attn_params* p, void* stream) {
-  static void* ws = nullptr;
-  static size_t cap = 0;
-  size_t need = 0;
-  if (int rc = ddt_verify_attn_portable_workspace(p, &need)) return rc;
-  if (need > cap) {
-    if (ws) GPU_CHECK(cudaFree(ws));
-    GPU_CHECK(cudaMalloc(&ws, need));
-    GPU_CHECK(cudaMemset(ws, 0xFF, need));
-    cap = need;
-  }
-  return ddt_verify_attn_portable_cuda(p, ws, cap, stream);
-}
 const Kernel kOracle{"oracle", ddt_verify_attn_cuda, oracle_tol()};
-const Kernel kPortable{"portable", portable, Tol{}};
+const Kernel kPortable{"portable", ddtree::test::verify_attn_portable_with_workspace, Tol{}};
 const Kernel kKernels[] = {kOracle, kPortable};
 
 Result run_gpu(const Problem& p, KernelFn fn = ddt_verify_attn_cuda) {
