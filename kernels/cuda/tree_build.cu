@@ -4,9 +4,10 @@
 // arrays (node i = the i-th pop):
 //
 // 0. Register heap (budgets up to 64, any input): warp 0 simulates the heap with the frontier in registers
-//    (select_regheap): per pop one redux.sync + ballot (a second pair only on an exact score tie), one
-//    shuffle and compare-selects, no shared-memory access on the critical path and no divergent branch;
-//    ~200-250 cycles per pop against ~800 for path 2 (docs/wip/tree_build_notes.md).
+//    (select_regheap, two words per slot): per pop one redux.sync + ballot (a second redux only on an
+//    exact score tie), three shuffles and compare-selects, no shared-memory access on the critical path
+//    and no divergent branch; ~85 instructions and ~180-200 cycles per pop at budget 64 against ~800 for
+//    path 2 (docs/wip/tree_build_notes.md).
 // 1. Rounds (budgets above 64). The heap's items form a binary "push tree": an item's pusher is its previous
 //    sibling (rank r - 1) or, for a rank-0 item, its parent; an item's key never exceeds its pusher's. The
 //    heap pops items in descending (score, then push order); push order among equal scores is the pop
@@ -68,19 +69,23 @@ __device__ inline int cand_rank(uint32_t w) { return int((w >> 17) & 0x3FFu); }
 __device__ inline int cand_kind(uint32_t w) { return int((w >> 27) & 1u); }
 constexpr int kMaxCand = 2048;  // 11-bit candidate ids
 constexpr int kRegHeapMaxBudget = 64;  // budgets up to this use the register heap (select_regheap)
-constexpr int kRegHeapMaxSlots = (kRegHeapMaxBudget + 1 + 31) / 32;  // its frontier slots per lane
+constexpr int kRegHeapMaxSlots = (kRegHeapMaxBudget + 31) / 32;  // its frontier slots per lane (B slots suffice)
 static_assert(kRegHeapMaxSlots <= 3, "tree_build_kernel instantiates select_regheap for 1, 2 and 3 slots per lane");
 constexpr int kRankSortMax = 256;     // candidate sets up to this size are ordered by rank counting
 
 struct TreeSmemPlan {
   int Lc, Kc, N, cap, cs;  // cap: serial frontier slots; cs: rounds set / frontier capacity (0: serial only)
+  int ks;                  // lp_s row stride (floats): Kc, or for the register heap a power of two > Kc
+  size_t off_tab;          // register heap: u8 [N][Kc] (parent, rank) -> node, aliasing the rounds region
   size_t off_lp, off_node_pay, off_score, off_node_prev, off_par, off_fc, off_ns;
   size_t off_s_score, off_s_pay, off_s_push, off_f, off_sort, off_node_of;   // rounds
   size_t off_key, off_pay, off_prev;                                          // serial (aliases rounds)
   size_t bytes;
 };
 
-__host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget, int cs) {
+// reg: the register heap's layout (lp_s rows padded to a power-of-two stride > Kc with a -inf column Kc and
+// two -inf rows Lc, Lc + 1, see select_regheap; the node table). cs must then be 0.
+__host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget, int cs, bool reg = false) {
   TreeSmemPlan t{};
   t.N = budget + 1;
   t.Lc = depth < budget + 1 ? depth : budget + 1;  // a popped node's depth is <= budget
@@ -89,7 +94,9 @@ __host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget, int c
   t.cs = cs;
   size_t o = 0;
   auto take = [&](size_t bytes) { const size_t at = o; o += (bytes + 15) / 16 * 16; return at; };
-  t.off_lp = take(size_t(t.Lc) * t.Kc * 4);
+  t.ks = t.Kc;
+  if (reg) while (t.ks <= t.Kc || (t.ks & (t.ks - 1))) ++t.ks;
+  t.off_lp = take(size_t(reg ? t.Lc + 2 : t.Lc) * t.ks * 4);
   t.off_node_pay = take(size_t(t.N) * 4);
   t.off_score = take(size_t(t.N) * 4);
   t.off_node_prev = take(size_t(t.N) * 4);
@@ -114,6 +121,8 @@ __host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget, int c
   t.off_pay = take(size_t(t.cap) * 4);
   t.off_prev = take(size_t(t.cap) * 4);
   t.bytes = o > rounds_end ? o : rounds_end;
+  t.off_tab = region;
+  if (reg && region + size_t(t.N) * t.Kc > t.bytes) t.bytes = region + size_t(t.N) * t.Kc;
   return t;
 }
 // Rounds capacity for a budget: room for generous overshoot, within the 11-bit candidate ids.
@@ -497,20 +506,33 @@ __device__ int select_serial(const TreeSmemPlan& t, unsigned char* smem, const f
 }
 
 // Register-heap selection by warp 0 (budgets up to kRegHeapMaxBudget, any input; exact: the CPU twin's heap
-// keys item_key(score, seq), popped by max). The frontier lives in registers: slot q (0 .. B) is register
-// slot q / 32 of lane q % 32, SPL = ceil((B + 1) / 32) slots per lane. A pop's first push reuses the popped
-// slot and a second push takes the next fresh slot, so at most 1 + B slots are ever used.
-// Per pop, every branch warp-uniform (a divergent branch costs ~90 cycles, docs/PERF_NOTES.md step 4):
-//  - each lane picks its best slot (SPL - 1 compare-selects) and computes that item's two pushes at once
-//    (two log-prob loads and adds): only the winner's are used, but they overlap the reduction instead of
-//    following it;
-//  - redux.sync max of the keys' high halves (scores) and a ballot find the winner lane; only on an exact
-//    score tie a second redux of the low halves (smaller seq = larger low half) and a ballot;
-//  - the winner keeps its first push in the popped slot (no data movement); the second push (always a
-//    first child) goes to the fresh slot's lane by one shuffle of its score key.
-// Critical path ~ select 30 + redux 52 + ballot 23 + branch 15 + ffs/shfl 45 + slot update 20 ~ 200 cycles
-// (+75 on a tie), against ~800 for the shared-memory frontier of select_serial.
-// Writes node arrays 1..n (node i = the i-th pop) and returns n.
+// keys item_key(score, seq), popped by max). The frontier lives in registers: slot q is register slot q / 32
+// of lane q % 32, SPL = ceil(B / 32) slots per lane. A pop's first push reuses the popped slot and a second
+// push takes the next fresh slot; only pops 1 .. B - 1 need their pushes kept (the B-th pop's are never
+// popped), so at most 1 + (B - 1) = B slots are used (the B-th pop's second push may find no slot: dropped).
+// A slot is two words: hi = the score's order bits (0 = empty) and aux (kAux* below), so (hi, aux) compares
+// exactly as the CPU twin's item_key. Per pop the cost is instruction issue (a warp's integer instruction
+// takes 2 cycles of the 16-lane ALU pipe) plus the chain redux -> ballot -> shuffle -> select -> best pick,
+// so everything a pop needs is kept small (docs/wip/tree_build_notes.md, step 8):
+//  - each lane picks its best slot ((SPL - 1) 64-bit compares) and reduces it at once; while the redux.sync
+//    is in flight it loads its best item's two push log-probs and its parent's score (node_score, shared)
+//    and prepares both pushes (the winner's are used);
+//  - redux.sync max of the hi words, a ballot; the winner (only lane with hi == max) replaces its best slot
+//    by its first push in place, and 3 shuffles give the lane of the fresh slot the second push (hi, aux)
+//    and every lane the winner's aux for node_pay (all lanes store the same word); an exact tie (several
+//    lanes at the max; also an empty frontier, all lanes at 0) takes a uniform slow path: a redux of aux;
+//  - no previous-sibling field: the epilogue of this function derives node_prev by a (parent, rank) table.
+// Writes node arrays 1..n (node i = the i-th pop; node_pay in pack_item format) and returns n.
+//
+// aux bits: 24..31 = 255 - seq (push order: larger = earlier), 23 = 0 in a slot (the shuffled winner word
+// sets it when the pop pushed anything), 16..22 = parent node, 0..15 = the item's log-prob byte offset in
+// lp_s, ((d - 1) * ks + r) * 4, ks = padded row stride (a power of two, > Kc): the next sibling's log-prob
+// is at +4 (column Kc is -inf padding), the first child's at (off | (4 ks - 1)) + 1 (row Lc is -inf padding).
+constexpr uint32_t kAuxOff = 0xFFFFu, kAuxAny = 1u << 23, kAuxSeq1 = 1u << 24;
+static_assert((32 * kRegHeapMaxSlots - 1) * 2 <= 255 && 32 * kRegHeapMaxSlots <= 127,
+              "register heap: seq (8 bits) and parent (7 bits) fields of aux");
+static_assert((DDT_MAX_DEPTH + 2) * 128 * 4 <= 0x10000, "register heap: 16-bit log-prob offsets in aux");
+
 // Branch-free selects (selp) for the register heap: its per-lane choices differ between lanes, and left to
 // itself the compiler may turn a conditional into a divergent branch (~90 cycles) by sinking an operand's
 // computation into it. The asm keeps both operands computed and the choice a single select.
@@ -520,115 +542,134 @@ __device__ __forceinline__ uint32_t sel(bool c, uint32_t a, uint32_t b) {
       : "=r"(r) : "r"(uint32_t(c)), "r"(a), "r"(b));
   return r;
 }
-__device__ __forceinline__ float sel(bool c, float a, float b) {
-  return __uint_as_float(sel(c, __float_as_uint(a), __float_as_uint(b)));
+// order_bits(x) for an x that is never -0 (a sum whose first operand is a stored score: never -0), NaN ->
+// -inf's bits (fmaxf returns the non-NaN operand): 3 instructions instead of 7.
+__device__ __forceinline__ uint32_t order_bits_sum(float x) {
+  const uint32_t u = __float_as_uint(fmaxf(x, num::kNegInf));
+  return u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
 }
-__device__ __forceinline__ int32_t sel(bool c, int32_t a, int32_t b) { return int32_t(sel(c, uint32_t(a), uint32_t(b))); }
-__device__ __forceinline__ uint64_t sel(bool c, uint64_t a, uint64_t b) {
-  return (uint64_t(sel(c, uint32_t(a >> 32), uint32_t(b >> 32))) << 32) | sel(c, uint32_t(a), uint32_t(b));
+// num::from_order_bits in 2 instructions (a shift and a 3-input logic op).
+__device__ __forceinline__ float from_order_bits_fast(uint32_t k) {
+  return __uint_as_float(k ^ (~uint32_t(int32_t(k) >> 31) | 0x80000000u));
 }
 
 template <int SPL>
-__device__ int select_regheap(const float* lp_s, int Lc, int Kc, int B, uint32_t* node_pay, float* node_score,
-                              int32_t* node_prev) {
+__device__ int select_regheap(const float* lp_s, int ks, int Kc, int B, uint32_t* node_pay, float* node_score,
+                              int32_t* node_prev, uint8_t* tab) {
   const int lane = threadIdx.x & 31;
-  uint64_t key[SPL];     // item_key(score, seq), unique; 0 = empty slot
-  uint32_t pay[SPL];     // pack_item(parent node, depth, rank); an emptied slot keeps its last item's (reads stay in range)
-  float pscore[SPL];     // the parent node's score: what the item's next sibling adds its log-prob to
-  int32_t prev[SPL];     // previous sibling node (whose pop pushed this item); -1 for a first child
+  uint32_t hi[SPL], aux[SPL];  // aux 0 (an empty slot's start): offset 0, parent 0: its reads stay in range
 #pragma unroll
-  for (int j = 0; j < SPL; ++j) { key[j] = 0; pay[j] = pack_item(0, 1, 0); pscore[j] = 0.0f; prev[j] = -1; }
-  uint32_t seq = 0;  // push sequence number (uniform)
+  for (int j = 0; j < SPL; ++j) { hi[j] = 0; aux[j] = 0; }
+  const char* lp_b = reinterpret_cast<const char*>(lp_s);
+  const char* score_b = reinterpret_cast<const char*>(node_score);
+  const uint32_t row_mask = uint32_t(4 * ks - 1);  // (off | row_mask) + 1 = the next row's byte offset
+  uint32_t seqtop = 255u << 24;                    // (255 - seq) << 24 for the next push (uniform)
   const float v0 = lp_s[0];
   if (v0 > num::kNegInf) {  // the initial item: the root's rank-0 child, key score = the log-prob itself
-    if (lane == 0) key[0] = item_key(v0, 0);
-    seq = 1;
+    if (lane == 0) { hi[0] = num::order_bits(v0); aux[0] = seqtop; }
+    seqtop -= kAuxSeq1;
   }
-  node_score[0] = 0.0f;
   int n = 0, next_free = 1;
-  while (n < B) {
-    // This lane's best slot (keys are unique; empty slots are 0).
-    uint64_t bkey = key[0];
-    uint32_t bpay = pay[0];
-    float bps = pscore[0];
-    int32_t bprev = prev[0];
-    int32_t bj = 0;
+  // Each pop's bookkeeping (node word z = aux | kAuxAny when it pushed anything, score, seq / next_free
+  // advance) is done at the end of its own iteration. Not deferred into the next iteration after its redux
+  // (as a first version of this loop did): ptxas 13.0 (sm_90a, -O2/-O3) rotated that loop and addressed
+  // the deferred stores node_pay[n] / node_score[n] one element too far (node i's words landed at i + 1,
+  // nodes 1.. read uninitialized shared memory -> out-of-range table / global indices on the GPU; the PTX
+  // and every CPU emulation were right). Check the SASS stores of this loop after changing it.
+  node_score[0] = 0.0f;
+  while (true) {
+    // This lane's best slot (keys (hi, aux) are unique; empty slots have hi 0).
+    uint32_t bhi = hi[0], baux = aux[0];
+    int bj = 0;
 #pragma unroll
     for (int j = 1; j < SPL; ++j) {
-      const bool better = key[j] > bkey;
-      bkey = sel(better, key[j], bkey);
-      bpay = sel(better, pay[j], bpay);
-      bps = sel(better, pscore[j], bps);
-      bprev = sel(better, prev[j], bprev);
-      bj = sel(better, int32_t(j), bj);
+      const bool better = ((uint64_t(hi[j]) << 32) | aux[j]) > ((uint64_t(bhi) << 32) | baux);
+      bhi = sel(better, hi[j], bhi);
+      baux = sel(better, aux[j], baux);
+      bj = int(sel(better, uint32_t(j), uint32_t(bj)));
     }
-    const uint32_t bhi = uint32_t(bkey >> 32);
-    // Speculative pushes of this lane's best item, in the CPU twin's order (next sibling, then first child).
-    // An item that can pop has depth d + rank r <= B (its r previous siblings and d - 1 ancestors pop
-    // first), so r + 1 < Kc <=> r + 1 < K and d < Lc <=> d < L for it; for the others the guards only keep
-    // the reads inside the staged Lc x Kc log-probs.
-    const int d = item_depth(bpay), r = item_rank(bpay);
-    const bool has_sib = r + 1 < Kc, has_child = d < Lc;
-    const float v_sib = sel(has_sib, lp_s[sel(has_sib, uint32_t((d - 1) * Kc + r + 1), 0u)], num::kNegInf);
-    const float v_child = sel(has_child, lp_s[sel(has_child, uint32_t(d * Kc), 0u)], num::kNegInf);
-    const bool sib_ok = v_sib > num::kNegInf, child_ok = v_child > num::kNegInf;  // NaN: not pushed
-    const float s = num::from_order_bits(bhi);  // the item's score as the heap stores it (-0 -> +0)
-    const uint32_t sib_hi = num::order_bits(DDT_ADD(bps, v_sib));
-    const uint32_t child_hi = num::order_bits(DDT_ADD(s, v_child));
-    const unsigned sib_mask = __ballot_sync(kAll, sib_ok), child_mask = __ballot_sync(kAll, child_ok);
-
     const uint32_t mhi = __reduce_max_sync(kAll, bhi);
-    if (mhi == 0) break;  // frontier empty
-    unsigned cand = __ballot_sync(kAll, bhi == mhi);
-    if (__popc(cand) > 1) {  // exact score tie: the smaller sequence number (larger low half) pops first
-      DDT_PROF_COUNT(12);
-      const uint32_t blo = uint32_t(bkey);
-      const uint32_t mlo = __reduce_max_sync(kAll, sel(bhi == mhi, blo, 0u));
-      cand = __ballot_sync(kAll, bhi == mhi && blo == mlo);
-    }
-    const int w = __ffs(cand) - 1;  // the winner lane
-    const int i = n + 1;            // the popped node
-    const uint32_t wpay = __shfl_sync(kAll, bpay, w);
-    const int32_t wprev = __shfl_sync(kAll, bprev, w);
-    const uint32_t w_child_hi = __shfl_sync(kAll, child_hi, w);
-    const float ws = num::from_order_bits(mhi);
-    node_pay[i] = wpay;  // every lane stores the same value (no divergent lane-0 branch)
-    node_score[i] = ws;
-    node_prev[i] = wprev;
-    const bool sib = (sib_mask >> w) & 1u, child = (child_mask >> w) & 1u;  // the winner's pushes (uniform)
-    // First push (meaningful in the winner lane, whose sib_ok == sib): into the popped slot; the next sibling
-    // (sequence seq) if any, else the first child (seq), else the slot empties.
-    const uint64_t k1 = (uint64_t(sel(sib_ok, sib_hi, sel(child_ok, child_hi, 0u))) << 32) |
-                        sel(sib_ok || child_ok, ~seq, 0u);
-    const uint32_t p1 = sel(sib_ok, pack_item(item_parent(bpay), d, r + 1), sel(child_ok, pack_item(i, d + 1, 0), bpay));
-    const float ps1 = sel(sib_ok, bps, s);
-    const int32_t prev1 = sel(sib_ok, int32_t(i), int32_t(-1));
-    // Second push (both pushed: the first child, sequence seq + 1): into the fresh slot next_free.
-    const bool two = sib && child;
-    const uint64_t k2 = (uint64_t(w_child_hi) << 32) | uint64_t(~(seq + 1));
-    const uint32_t p2 = pack_item(i, item_depth(wpay) + 1, 0);
-    const bool win = lane == w, recv = two && lane == (next_free & 31);
+    if (n >= B) break;
+    // Speculative pushes of this lane's best item (only the winner's are used), in the CPU twin's order: the
+    // next sibling (parent score + its log-prob) then the first child (this score + the next row's first).
+    // Padding makes the guards r + 1 < Kc and d < Lc read -inf (not pushed); an item that can pop has
+    // d + r <= B, so for it r + 1 < Kc <=> r + 1 < K and d < Lc <=> d < L (the CPU twin's guards).
+    const uint32_t off = baux & kAuxOff, coff = (baux | row_mask) & kAuxOff;
+    const float v_sib = *reinterpret_cast<const float*>(lp_b + off + 4);
+    const float v_child = *reinterpret_cast<const float*>(lp_b + coff + 1);
+    const float pscore = *reinterpret_cast<const float*>(score_b + ((baux >> 14) & 0x1FCu));
+    const bool sib_ok = v_sib > num::kNegInf, child_ok = v_child > num::kNegInf;  // NaN: not pushed
+    const uint32_t sib_hi = order_bits_sum(DDT_ADD(pscore, v_sib));
+    const uint32_t child_hi = order_bits_sum(DDT_ADD(from_order_bits_fast(bhi), v_child));
+    const uint32_t i = uint32_t(n + 1);  // the popped node
+    const uint32_t child_aux = coff + 1u + (seqtop | (i << 16));  // parent i, depth d + 1, rank 0
+    // First push, into the popped slot: the next sibling (seq) if pushed, else the first child (seq), else
+    // the slot empties (keeping its aux: reads stay in range).
+    const uint32_t hi1 = sel(sib_ok, sib_hi, sel(child_ok, child_hi, 0u));
+    const uint32_t aux1 = sel(sib_ok, ((baux + 4u) & 0x7FFFFFu) | seqtop, sel(child_ok, child_aux, baux));
+    // Second push (both pushed: the first child, seq + 1), for the fresh slot's lane; x == 0: none.
+    const uint32_t x = sel(sib_ok && child_ok, child_hi, 0u);
+    const uint32_t y = child_aux - kAuxSeq1;
+    const uint32_t z = baux | sel(sib_ok || child_ok, kAuxAny, 0u);  // node word + "pushed anything"
+    const bool recv = lane == (next_free & 31);
     const int rj = next_free >> 5;
+
+    const bool is_max = bhi == mhi;
+    unsigned cand = __ballot_sync(kAll, is_max);
+    int w = 31 - __clz(cand);  // the winner lane when it is the only one at the max
+    uint32_t wx = __shfl_sync(kAll, x, w), wy = __shfl_sync(kAll, y, w), wz = __shfl_sync(kAll, z, w);
+    bool win = is_max;
+    if (cand & (cand - 1u)) {  // exact score tie, or the frontier is empty (every lane at 0)
+      if (mhi == 0) break;
+      DDT_PROF_COUNT(12);
+      const uint32_t mlo = __reduce_max_sync(kAll, sel(is_max, baux, 0u));  // smaller seq = larger aux
+      win = is_max && baux == mlo;
+      w = 31 - __clz(__ballot_sync(kAll, win));
+      wx = __shfl_sync(kAll, x, w);
+      wy = __shfl_sync(kAll, y, w);
+      wz = __shfl_sync(kAll, z, w);
+    }
+    // The winner's best slot takes its first push; slot next_free (lane next_free % 32) takes the second
+    // push (an empty (0, in-range aux) one when there is none: that slot was empty). Never the same slot.
 #pragma unroll
     for (int j = 0; j < SPL; ++j) {
-      const bool t1 = win && j == bj, t2 = recv && j == rj;  // never both: slot next_free is not yet used
-      key[j] = sel(t1, k1, sel(t2, k2, key[j]));
-      pay[j] = sel(t1, p1, sel(t2, p2, pay[j]));
-      pscore[j] = sel(t1, ps1, sel(t2, ws, pscore[j]));
-      prev[j] = sel(t1, prev1, sel(t2, int32_t(-1), prev[j]));
+      const bool t1 = win && bj == j, t2 = recv && rj == j;
+      hi[j] = sel(t2, wx, sel(t1, hi1, hi[j]));
+      aux[j] = sel(t2, wy, sel(t1, aux1, aux[j]));
     }
-    seq += uint32_t(sib) + uint32_t(child);
+    // Bookkeeping of pop i (every lane stores the same words; node_pay converted after the loop).
+    node_pay[i] = wz;
+    node_score[i] = from_order_bits_fast(mhi);
+    const bool two = wx != 0u;
     next_free += int(two);
-    n = i;
+    seqtop -= ((wz & kAuxAny) << 1) + sel(two, kAuxSeq1, 0u);  // seq += this pop's pushes
+    n = int(i);
   }
   DDT_PROF_SET(13, n);
+  // node_pay: aux words -> pack_item; node_prev[i] (rank > 0) = the node of (same parent, rank - 1), which
+  // popped before i (its pop pushed i's item), through tab[parent * Kc + rank] (node ids < 256).
+  __syncwarp();
+  const int ks_log = __ffs(ks) - 1;
+  for (int i = 1 + lane; i <= n; i += 32) {
+    const uint32_t a = node_pay[i];
+    const int pa = int((a >> 16) & 0x7Fu), pos = int((a & kAuxOff) >> 2);
+    const int r = pos & (ks - 1);
+    node_pay[i] = pack_item(pa, (pos >> ks_log) + 1, r);
+    tab[pa * Kc + r] = uint8_t(i);
+  }
+  __syncwarp();
+  for (int i = 1 + lane; i <= n; i += 32) {
+    const uint32_t pay = node_pay[i];
+    const int r = item_rank(pay);
+    if (r > 0) node_prev[i] = tab[item_parent(pay) * Kc + r - 1];
+  }
   return n;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_params p, int cs, int reg_spl) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Scalars sc;
-  const TreeSmemPlan t = plan(p.depth, p.k, p.budget, cs);
+  const TreeSmemPlan t = plan(p.depth, p.k, p.budget, cs, reg_spl > 0);
   float* lp_s = reinterpret_cast<float*>(smem + t.off_lp);
   uint32_t* node_pay = reinterpret_cast<uint32_t*>(smem + t.off_node_pay);
   float* node_score = reinterpret_cast<float*>(smem + t.off_score);
@@ -638,7 +679,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   int32_t* ns_s = reinterpret_cast<int32_t*>(smem + t.off_ns);
 
   DDT_PROF_STAMP(0);
-  const int b = blockIdx.x, N = t.N, L = p.depth, K = p.k, B = p.budget, Kc = t.Kc;
+  const int b = blockIdx.x, N = t.N, L = p.depth, K = p.k, B = p.budget, Kc = t.Kc, ks = t.ks;
   const float* lp = p.logprobs + int64_t(b) * L * K;
   // The rounds path needs a heap-ordered push tree: log-probs <= 0, rows sorted descending, no NaN (the
   // top-K kernel's output always is). Anything else goes to the serial path, which is exact for any input
@@ -647,8 +688,12 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   for (int i = threadIdx.x; i < t.Lc * Kc; i += kThreads) {
     const int d = i / Kc, r = i % Kc;
     const float x = lp[d * K + r];
-    lp_s[i] = x;
+    lp_s[d * ks + r] = x;
     unordered |= num::is_nan(x) || x > 0.0f || (r > 0 && !(x <= lp[d * K + r - 1]));
+  }
+  if (reg_spl > 0) {  // register-heap padding: column Kc of rows 0 .. Lc - 1, rows Lc and Lc + 1
+    for (int i = threadIdx.x; i < t.Lc; i += kThreads) lp_s[i * ks + Kc] = num::kNegInf;
+    for (int i = threadIdx.x; i < 2 * ks; i += kThreads) lp_s[t.Lc * ks + i] = num::kNegInf;
   }
   for (int i = threadIdx.x; i < N; i += kThreads) { fc_s[i] = -1; ns_s[i] = -1; }
   unordered = __syncthreads_or(unordered);
@@ -656,12 +701,16 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   DDT_PROF_STAMP(1);  // log-probs staged
   bool done = false;
   if (reg_spl > 0) {  // register heap: any input
-    if (threadIdx.x < 32) {
-      const int Lc = t.Lc;
+    // Warp 0, through a condition ptxas sees as warp-uniform (a shuffle from lane 0): under a plain
+    // threadIdx.x < 32 it guards every redux / ballot / shuffle of the loop with a divergence check
+    // (BRA.DIV + a uniform register), ~2 extra instructions each and a copy of the redux result right
+    // after the redux (the freed uniform register), which stalls issue for the redux latency.
+    if (__shfl_sync(kAll, threadIdx.x, 0) < 32) {
+      uint8_t* tab = smem + t.off_tab;
       int n;
-      if (reg_spl == 1) n = select_regheap<1>(lp_s, Lc, Kc, B, node_pay, node_score, node_prev);
-      else if (reg_spl == 2) n = select_regheap<2>(lp_s, Lc, Kc, B, node_pay, node_score, node_prev);
-      else n = select_regheap<3>(lp_s, Lc, Kc, B, node_pay, node_score, node_prev);
+      if (reg_spl == 1) n = select_regheap<1>(lp_s, ks, Kc, B, node_pay, node_score, node_prev, tab);
+      else if (reg_spl == 2) n = select_regheap<2>(lp_s, ks, Kc, B, node_pay, node_score, node_prev, tab);
+      else n = select_regheap<3>(lp_s, ks, Kc, B, node_pay, node_score, node_prev, tab);
       if (threadIdx.x == 0) sc.n = n;
     }
     done = true;
@@ -688,8 +737,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
     const uint32_t pay = node_pay[i];
     const int d = item_depth(pay), r = item_rank(pay);
     if (r == 0) fc_s[item_parent(pay)] = i; else ns_s[node_prev[i]] = i;
-    if (r + 1 < K) nan |= num::is_nan(lp_s[(d - 1) * Kc + r + 1]);
-    if (d < L) nan |= num::is_nan(lp_s[d * Kc]);
+    if (r + 1 < K) nan |= num::is_nan(lp_s[(d - 1) * ks + r + 1]);
+    if (d < L) nan |= num::is_nan(lp_s[d * ks]);
   }
   if (__syncthreads_or(nan) && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
   const int32_t P = p.prefix_lens[b];
@@ -751,11 +800,11 @@ extern "C" int ddt_tree_build_cuda(const ddt_tree_build_params* p, void* stream)
   if (limit < 0) return fail(DDT_ERR_CUDA, "tree_build: cannot query or opt in to dynamic shared memory");
   // Path: the register heap up to budget kRegHeapMaxBudget (reg_spl = its slots per lane), rounds above with
   // the largest capacity that fits (cs), the shared-memory serial heap when neither (cs = 0).
-  const int reg_spl = p->budget <= kRegHeapMaxBudget ? (p->budget + 1 + 31) / 32 : 0;
+  const int reg_spl = p->budget <= kRegHeapMaxBudget ? (p->budget + 31) / 32 : 0;
   int cs = reg_spl == 0 ? rounds_capacity(p->budget) : 0;
   while (cs > 0 && plan(p->depth, p->k, p->budget, cs).bytes > size_t(limit)) cs /= 2;
   if (cs < p->budget + 1) cs = 0;  // a set that cannot hold B + 1 candidates never completes
-  const TreeSmemPlan t = plan(p->depth, p->k, p->budget, cs);
+  const TreeSmemPlan t = plan(p->depth, p->k, p->budget, cs, reg_spl > 0);
   if (t.bytes > size_t(limit))
     return fail(DDT_ERR_SHAPE, "tree_build: depth x k x budget needs more shared memory than this GPU has");
   tree_build_kernel<<<p->batch, kThreads, t.bytes, static_cast<cudaStream_t>(stream)>>>(*p, cs, reg_spl);
