@@ -8,11 +8,12 @@
 // the portable kernel only.
 //
 // usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] [--contiguous] [--chain]
-//                          [--portable-only]
+//                          [--portable-only] [--split-keys N]
 //   --page N           tokens per KV page (default 64)
 //   --contiguous       physical pages in logical order (default: a random permutation of the pages)
 //   --chain            every tree a chain: the causal case (default: random bushy trees)
 //   --portable-only    skip the oracle
+//   --split-keys N     the portable kernel's split length (default 512; 0: never split)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
 //   --min-fraction F   exit 1 if the portable kernel's fraction of the roofline is below F on a shape
 //                      (default 0: no floor; the oracle is never held to it)
@@ -62,7 +63,11 @@ struct KernelRow {
   const char* name;
   int (*fn)(const ddt_verify_attn_params*, void*);
 };
-const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", ddtree::test::verify_attn_portable_with_workspace}};
+int g_split_keys = 512;  // --split-keys: the portable kernel's split length (0: never split)
+int portable_kernel(const ddt_verify_attn_params* p, void* stream) {
+  return ddtree::test::verify_attn_portable_with_workspace(p, g_split_keys, stream);
+}
+const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", portable_kernel}};
 
 // Fast host bf16 noise: uniform in [-2, 2) from a xorshift (std::normal_distribution is too slow for
 // the 1.2 GB caches of the large shapes).
@@ -179,6 +184,7 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   double oracle_us = 0;
   for (const KernelRow& k : kKernelRows) {
     const bool is_oracle = k.fn == ddt_verify_attn_cuda;
+    if (is_oracle && max_est_s < 0) continue;  // --portable-only
     if (is_oracle && est_s > max_est_s) {
       std::printf("| %d | %d | %d | %s | skipped: estimated %.1f s > --max-est-s %.1f | | | %.1f | | | | |\n", P, T, batch,
                   k.name, est_s, max_est_s, roof_us);
@@ -249,9 +255,10 @@ int main(int argc, char** argv) {
     else if (a == "--contiguous") g_contiguous = true;
     else if (a == "--chain") g_chain = true;
     else if (a == "--portable-only") portable_only = true;
+    else if (a == "--split-keys" && i + 1 < argc) g_split_keys = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
-                           "[--contiguous] [--chain] [--portable-only]\n");
+                           "[--contiguous] [--chain] [--portable-only] [--split-keys N]\n");
       return 2;
     }
   }
@@ -272,8 +279,9 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount);
   std::printf("# same-run device copy %.2f TB/s (read + write); roofline ceilings fixed at 4.3 TB/s and 790 TFLOP/s "
               "(reference/mla-verify-attention.md); H = %d, page size %d, %s pages, %s trees, L2 flushed before each "
-              "sample\n",
-              copy_tbs, kHeads, g_page, g_contiguous ? "contiguous" : "shuffled", g_chain ? "chain" : "bushy");
+              "sample; portable split_keys %d\n",
+              copy_tbs, kHeads, g_page, g_contiguous ? "contiguous" : "shuffled", g_chain ? "chain" : "bushy",
+              g_split_keys);
   std::printf("# bytes = batch x (1152 (P+T) + 2176 H T); FLOPs = batch x 2176 H T (P+T); fraction = roofline us / us\n\n");
   std::printf("| P | T | batch | kernel | us | TB/s | TFLOP/s | roofline us | fraction of roofline | fraction of copy BW | "
               "speedup vs oracle | checked vs host f64 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");

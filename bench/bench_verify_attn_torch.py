@@ -13,7 +13,7 @@ T in {1, 8, 16, 64} at the fixed batch (64 at 2k, 32 at 32k) and batch 1 at P = 
 32k, 128k} x T in {1, 8, 16, 32, 64, 128}, fixed batch and batch 1; shapes whose PyTorch working set would
 exceed --max-gb are skipped).
 
-usage: bench_verify_attn_torch.py [--full] [--max-gb G]     (needs torch with CUDA and the built library)
+usage: bench_verify_attn_torch.py [--full] [--max-gb G] [--split-keys N]   (needs torch with CUDA and the library)
 """
 import argparse
 import os
@@ -79,9 +79,9 @@ def torch_attention(s):
     return out.view(batch * T, H, V), lse.view(batch * T, H)
 
 
-def portable(s):
+def portable(s, split_keys):
     out, lse, st = dk.verify_attn(s["q"], s["kv"], s["page_table"], s["prefix"], s["offsets"], s["vis"], SCALE, PAGE,
-                                  kernel="portable")
+                                  kernel="portable", split_keys=split_keys)
     return out, lse
 
 
@@ -107,6 +107,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--max-gb", type=float, default=40.0)
+    ap.add_argument("--split-keys", type=int, default=512, help="the portable kernel's split length (0: never)")
     a = ap.parse_args()
     if torch is None or not torch.cuda.is_available() or not dk.cuda_available():
         print("bench_verify_attn_torch: no CUDA GPU / torch; nothing to measure")
@@ -117,7 +118,7 @@ def main():
     gen.manual_seed(7)
     print(f"# bench_verify_attn_torch on {torch.cuda.get_device_name()}: the portable kernel vs a PyTorch "
           f"implementation (gather + bf16 bmm + fp32 softmax), both in CUDA graphs, L2 flushed; H = {H}, page {PAGE}, "
-          f"shuffled pages, bushy trees; torch {torch.__version__}")
+          f"shuffled pages, bushy trees, portable split_keys {a.split_keys}; torch {torch.__version__}")
     print("| P | T | batch | PyTorch us | portable us | portable / PyTorch speedup | roofline us | PyTorch fraction | "
           "portable fraction | max abs diff |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -138,7 +139,7 @@ def main():
         flops = batch * 2176.0 * H * T * keys
         roof_us = max(bytes_ / CEIL_BW, flops / CEIL_FLOPS) * 1e6
         t_torch, (o_t, _) = time_graph(lambda: torch_attention(s), flush)
-        t_port, (o_p, _) = time_graph(lambda: portable(s), flush)
+        t_port, (o_p, _) = time_graph(lambda: portable(s, a.split_keys), flush)
         diff = (o_t.float() - o_p.float()).abs().max().item()
         print(f"| {P} | {T} | {batch} | {t_torch:.1f} | {t_port:.1f} | {t_torch / t_port:.1f} | {roof_us:.1f} | "
               f"{roof_us / t_torch:.3f} | {roof_us / t_port:.3f} | {diff:.2e} |", flush=True)

@@ -60,10 +60,14 @@ int main() {
     ddt_verify_attn_params prm{dq, dkv, dpt, dpre, doff, dvis, sh.batch, total, H, kPage, max_pages, num_pages, W,
                                0.1352337f, dout, dlse, dst};
     size_t ws_bytes = 0;
-    ddt_verify_attn_portable_workspace(&prm, &ws_bytes);
+    const int split_keys = 512;
+    ddt_verify_attn_portable_workspace(&prm, split_keys, &ws_bytes);
     void* ws = nullptr;
     cudaMalloc(&ws, ws_bytes + 16);
-    if (ddt_verify_attn_portable_cuda(&prm, ws, ws_bytes, nullptr) != DDT_OK) { std::printf("launch failed\n"); return 1; }
+    if (ddt_verify_attn_portable_cuda(&prm, split_keys, ws, ws_bytes, nullptr) != DDT_OK) {
+      std::printf("launch failed\n");
+      return 1;
+    }
     cudaDeviceSynchronize();
     static long long zero[4096][16];
     cudaMemcpyToSymbol(g_attn_profile, zero, sizeof zero);
@@ -71,7 +75,7 @@ int main() {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     cudaEventRecord(e0);
-    ddt_verify_attn_portable_cuda(&prm, ws, ws_bytes, nullptr);
+    ddt_verify_attn_portable_cuda(&prm, split_keys, ws, ws_bytes, nullptr);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0;

@@ -1,9 +1,11 @@
 // ddt_verify_attn_portable_workspace (ddtree/kernels.h, section 4): host-only, the same answer with or
 // without the cuda backend (the bounds of kernels/common/verify_attn_split.h).
+#include <string>
+
 #include "kernels/common/validate.h"
 #include "kernels/common/verify_attn_split.h"
 
-extern "C" int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, size_t* bytes) {
+extern "C" int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, int split_keys, size_t* bytes) {
   using namespace ddtree::kern;
   clear_error();
   if (!p || !bytes) return fail(DDT_ERR_NULL, "verify_attn_portable_workspace: params or bytes is null");
@@ -11,7 +13,10 @@ extern "C" int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* 
       p->heads > DDT_ATTN_MAX_HEADS || p->page_size < 1 || p->max_pages < 1)
     return fail(DDT_ERR_SHAPE,
                 "verify_attn_portable_workspace: batch, total_nodes, heads, page_size or max_pages out of range");
-  const attn::Bounds b = attn::capacity_bounds(*p);
+  if (split_keys < 0 || split_keys % attn::kKeyTile != 0)
+    return fail(DDT_ERR_SHAPE, "verify_attn_portable: split_keys must be 0 (no split) or a positive multiple of 32, got " +
+                                   std::to_string(split_keys));
+  const attn::Bounds b = attn::capacity_bounds(*p, split_keys);
   if (b.items > 0x7FFFFFFF || b.partial_rows > 0x7FFFFFFF)
     return fail(DDT_ERR_SHAPE,
                 "verify_attn_portable_workspace: the capacities need more than 2^31 work items or partial rows");

@@ -16,13 +16,16 @@ namespace ddtree::kern::attn {
 constexpr int kRowTile = 32;  // query rows (node x head, flattened) per work item
 constexpr int kKeyTile = 32;  // key slots per KV tile (splits are whole tiles at absolute positions)
 
-// ---- KV split policy (a function of one request's keys and rows: batch invariant) ----
-// A partial row costs 2 KB of f32 o + 8 B (m, l), written and read back: ~4.1 KB, i.e. ~3.6 cache rows of
-// 1152 B; keys >= 14 x (rows x splits) keeps the partial traffic <= ~26% of the request's KV bytes.
-constexpr int kKeysPerPartialRow = 14;
-constexpr int kMinSplitKeyTiles = 8;      // a split streams >= ~8 key tiles (256 keys): Q reload, pipeline fill
-constexpr int kMaxItemsPerRequest = 264;  // 2 x 132 SMs (H200): enough CTAs for one request to fill the GPU
-constexpr int kMaxItemsPerCta = 16;       // a persistent CTA owns at most this many items (grid >= items / 16)
+// ---- KV split: fixed absolute positions ----
+// The caller chooses split_keys (0: never split; else a positive multiple of kKeyTile): a request whose P + N
+// exceeds it is cut at the absolute positions split_keys, 2 split_keys, ... and its partials are combined in a
+// fixed order. The plan depends on split_keys and on the request's own keys only where it must (the number
+// of splits), so (a) a row's arithmetic does not depend on the rest of the batch (batch invariance), and
+// (b) a chain node i of a tree at prefix P and the single-node decode at prefix P + i see the same splits
+// over their common keys; the chain's extra (masked) keys and splits add exact zeros, so the two agree
+// bitwise (FIDELITY rule E on cuda). One split_keys per deployment: a small value (e.g. 512) fills the GPU
+// for batch 1 at long contexts; 0 suits large batches (no partial traffic, no workspace).
+constexpr int kMaxItemsPerCta = 16;       // a persistent CTA lists its items 16 at a time (rounds)
 constexpr int kCombineRowsPerItem = 1;    // combine: one CTA per row
 
 struct SplitPlan {
@@ -32,44 +35,35 @@ struct SplitPlan {
 };
 
 // keys = P + N of a request whose scalars are valid (0 for an invalid one: one item per row tile, no
-// split), rows = N x H.
-DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows) {
+// split), rows = N x H, split_keys as above (validated by the launcher).
+DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys) {
   SplitPlan s;
   s.row_tiles = int((rows + kRowTile - 1) / kRowTile);
   s.splits = 1;
   const int64_t ktiles = (keys + kKeyTile - 1) / kKeyTile;
   s.tiles_per_split = ktiles > 0 ? ktiles : 1;
-  if (rows <= 0 || ktiles <= 0) return s;
-  int64_t n = keys / (int64_t(kKeysPerPartialRow) * rows);               // partial traffic bound
-  const int64_t by_len = (ktiles + kMinSplitKeyTiles - 1) / kMinSplitKeyTiles;  // splits long enough
-  const int64_t by_fill = (kMaxItemsPerRequest + s.row_tiles - 1) / s.row_tiles;  // items per request
-  n = n < by_len ? n : by_len;
-  n = n < by_fill ? n : by_fill;
-  if (n <= 1) return s;
-  s.tiles_per_split = (ktiles + n - 1) / n;
-  s.splits = int((ktiles + s.tiles_per_split - 1) / s.tiles_per_split);  // <= n: rows x splits <= keys / 14
+  if (rows <= 0 || split_keys <= 0 || keys <= split_keys) return s;
+  s.tiles_per_split = split_keys / kKeyTile;
+  s.splits = int((ktiles + s.tiles_per_split - 1) / s.tiles_per_split);
   return s;
 }
 
-// Upper bounds over every device-data instance with these host-known capacities (max_keys = max_pages x
-// page_size bounds a valid request's P + N): work items of the main kernel and partial rows of the workspace.
+// Upper bounds over every device-data instance with these host-known capacities (max_keys bounds a valid
+// request's P + N): work items of the main kernel, partial rows of the workspace, combine items.
 struct Bounds {
   int64_t items, partial_rows, combine_items;
 };
-inline Bounds capacity_bounds(const ddt_verify_attn_params& p) {
-  const int64_t max_keys = int64_t(p.max_pages) * p.page_size;
-  const int64_t ktiles = (max_keys + kKeyTile - 1) / kKeyTile;
-  int64_t smax = std::min<int64_t>({kMaxItemsPerRequest, (ktiles + kMinSplitKeyTiles - 1) / kMinSplitKeyTiles,
-                                    max_keys / kKeysPerPartialRow});
-  if (smax < 1) smax = 1;
+inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys) {
+  // A valid request has P + N <= max_pages x page_size and P < 2^31, N <= total_nodes (also keeps the
+  // products below in int64 whatever the capacities).
+  const int64_t max_keys = std::min<int64_t>(int64_t(p.max_pages) * p.page_size, int64_t(INT32_MAX) + p.total_nodes);
+  const int64_t smax = split_keys > 0 && max_keys > split_keys ? (max_keys + split_keys - 1) / split_keys : 1;
   const int64_t rows = int64_t(p.total_nodes) * p.heads;
-  // sum_r ceil(N_r H / 32) <= total_nodes H / 32 + batch; per request row_tiles x splits <= row_tiles x
-  // smax and <= row_tiles x ceil(264 / row_tiles) <= 263 + row_tiles.
+  // sum_r ceil(N_r H / 32) <= total_nodes H / 32 + batch; each request has at most smax splits.
   const int64_t tiles = (rows + kRowTile - 1) / kRowTile + p.batch;
   Bounds b;
-  b.items = std::min(tiles * smax, int64_t(kMaxItemsPerRequest - 1) * p.batch + tiles);
-  // Split requests: rows x splits <= keys / 14 <= max_keys / 14 each, and <= rows x smax in all.
-  b.partial_rows = smax > 1 ? std::min(int64_t(p.batch) * (max_keys / kKeysPerPartialRow), rows * smax) : 0;
+  b.items = tiles * smax;
+  b.partial_rows = smax > 1 ? rows * smax : 0;  // sum_r N_r H x splits_r over split requests
   b.combine_items = b.partial_rows > 0 ? (rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem + p.batch : 0;
   return b;
 }

@@ -11,16 +11,14 @@
 //    tiles of kBM = 32: tile t = request-local rows [32 t, 32 t + 32). At H = 8 a tile is 4 nodes x 8 heads,
 //    so all heads of a node share each KV tile load.
 //  - Keys: request r's slots 0 .. P + N - 1 in key tiles of kBN = 32 at absolute positions (32 k .. 32 k + 31).
-//    The request's key tiles are cut into `splits` consecutive ranges of tiles_per_split tiles
-//    (split_plan: a function of the request's own P + N and N x H only, so a row's arithmetic does not depend
-//    on the rest of the batch: batch invariance). Long requests with few rows split (batch 1 fills the GPU);
-//    the partial results (f32 o, running max m, sum l per row) go to the caller's workspace and
-//    verify_attn_combine_kernel merges them in split order. Splits are capped so the partial traffic stays
-//    below ~26% of the KV bytes (kKeysPerPartialRow).
+//    A request with P + N > split_keys (the caller's constant) is cut at the absolute positions split_keys,
+//    2 split_keys, ... (kernels/common/verify_attn_split.h: batch invariant, and a chain node equals the
+//    single-node decode bitwise); the partial results (f32 o, running max m, sum l per row) go to the
+//    caller's workspace and verify_attn_combine_kernel merges them in a fixed order.
 //  - Work item = (request, split, row tile), numbered request-major, then split, then tile (the tiles of
 //    one split are neighbours in time: they share its KV tiles through L2). Persistent CTAs: every CTA scans
 //    the per-request item counts (device data: node_offsets, prefix_lens) and takes items blockIdx.x,
-//    + gridDim.x, ... (at most kMaxItemsPerCta; the host sizes the grid from capacities, graph-safe).
+//    + gridDim.x, ... (listed kMaxItemsPerCta at a time; the grid is the resident CTAs, graph-safe).
 //  - Per key tile: S = Q K^T (K = 576): warp w computes the partial product of m-tile (w & 1) (16 rows) over
 //    the dim quarter (w >> 1) (144 dims, 9 k-steps; its Q fragments live in registers for the whole item)
 //    for all 32 keys; the 4 partials of each row are summed in a fixed order through shared memory by the
@@ -161,20 +159,22 @@ struct Counts {
   int items;         // work items of this request in the kernel at hand
   int partial_rows;  // workspace rows of this request (rows x splits when split, else 0)
 };
-// Main kernel: row_tiles x splits items. Combine: 8-row groups of split requests.
+// Main kernel: row_tiles x splits items. Combine: one item per row of a split request.
 struct MainCounts {
+  int split_keys;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
     const Request q = make_request(p, r);
     const int64_t rows = int64_t(q.nodes) * p.heads;
-    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows);
+    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys);
     return {s.row_tiles * s.splits, s.splits > 1 ? int(rows * s.splits) : 0};
   }
 };
 struct CombineCounts {
+  int split_keys;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
     const Request q = make_request(p, r);
     const int64_t rows = int64_t(q.nodes) * p.heads;
-    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows);
+    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys);
     if (s.splits <= 1) return {0, 0};
     return {int((rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem), int(rows * s.splits)};
   }
@@ -255,8 +255,8 @@ struct Smem {
 };
 
 // One work item: rows [32 t, 32 t + 32) of request r against key tiles [kt_begin, kt_end) of its split.
-__device__ void process_item(const ddt_verify_attn_params& p, const Item item, const Smem& sm, float* ws_o,
-                             float* ws_ml) {
+__device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const Smem& sm,
+                             float* ws_o, float* ws_ml) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int H = p.heads;
   const float nan = num::bits_f32(0x7FC00000u);
@@ -267,11 +267,11 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
   const Request q = make_request(p, item.r);
   const int64_t n_rows = int64_t(q.nodes) * H;
   const bool shape_ok = request_shape_ok(p, q);
-  const SplitPlan plan = split_plan(shape_ok ? q.keys : 0, n_rows);
+  const SplitPlan plan = split_plan(shape_ok ? q.keys : 0, n_rows, split_keys);
   const int t = item.local % plan.row_tiles, split = item.local / plan.row_tiles;
   const bool is_split = plan.splits > 1;
   const int64_t row0 = int64_t(q.first_row) * H;  // global flattened row of the request's row 0
-  const int tile_row0 = t * kBM;                   // first request-local flattened row of this item
+  const int64_t tile_row0 = int64_t(t) * kBM;      // first request-local flattened row of this item
   const int rows_here = n_rows - tile_row0 < kBM ? int(n_rows - tile_row0) : kBM;
   // Workspace row of (split, request-local row i): partial_base + split * n_rows + i.
   const int64_t prow0 = int64_t(item.partial_base) + int64_t(split) * n_rows + tile_row0;
@@ -547,8 +547,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
     return;
   }
   if ((tid & 7) == 0) {
-    sm.inv_l[sr] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
-    if (s_valid) p.lse[row0 + tile_row0 + sr] = l_run > 0.0f ? m_run * kLn2 + logf(l_run) : num::kNegInf;
+    // No visible key <=> m = -inf (then l = 0); a NaN score leaves m finite and l NaN: out and lse NaN.
+    const bool any = m_run != num::kNegInf;
+    sm.inv_l[sr] = any ? 1.0f / l_run : 0.0f;
+    if (s_valid) p.lse[row0 + tile_row0 + sr] = any ? m_run * kLn2 + logf(l_run) : num::kNegInf;
   }
   __syncthreads();
 #pragma unroll
@@ -571,7 +573,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, const Item item, c
 
 // ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.
 __global__ void __launch_bounds__(kThreads, 1)
-    verify_attn_portable_kernel(ddt_verify_attn_params p, float* ws_o, float* ws_ml) {
+    verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ Item s_list[kMaxItemsPerCta];
   Smem sm;
@@ -593,24 +595,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // 2. This CTA's items: blockIdx.x + k gridDim.x (k < kMaxItemsPerCta) below the total (the scan lives in
-  //    the partial-score buffer until the list is made).
-  {
+  // 2. This CTA's items: blockIdx.x + j gridDim.x below the device-side total, in rounds of kMaxItemsPerCta
+  //    (the scan lives in the partial-score buffer, so each round redoes it and lists its items first). The
+  //    grid is the resident CTAs (or fewer), whatever the capacities: idle CTAs cost one scan.
+#pragma unroll 1
+  for (int64_t round = 0;; ++round) {
+    __syncthreads();  // the previous round's items are done with the shared buffers and s_list
     int* s_items = reinterpret_cast<int*>(sm.sp);
     int* s_rows = s_items + kThreads;
-    scan_requests(p, MainCounts{}, s_items, s_rows);
+    scan_requests(p, MainCounts{split_keys}, s_items, s_rows);
     const int total = s_items[kThreads - 1];
     if (tid < kMaxItemsPerCta) {
-      const int64_t b = int64_t(blockIdx.x) + int64_t(tid) * gridDim.x;
-      s_list[tid] = b < total ? locate_item(p, MainCounts{}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+      const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
+      s_list[tid] = b < total ? locate_item(p, MainCounts{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
     }
     __syncthreads();
-  }
+    if (s_list[0].r < 0) break;  // uniform: no item left for this CTA
 #pragma unroll 1
-  for (int k = 0; k < kMaxItemsPerCta; ++k) {
-    const Item item = s_list[k];
-    if (item.r < 0) break;
-    process_item(p, item, sm, ws_o, ws_ml);
+    for (int k = 0; k < kMaxItemsPerCta; ++k) {
+      const Item item = s_list[k];
+      if (item.r < 0) break;
+      process_item(p, split_keys, item, sm, ws_o, ws_ml);
+    }
   }
 
   // 3. Padding rows [off[batch], total_nodes): 0 / -inf, grid-strided over all CTAs.
@@ -626,20 +632,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 // warp order. The order depends only on the split count, so the result is deterministic and batch
 // invariant. A split marked bad (m = NaN) makes the row NaN; no visible key at all (M = -inf): 0 / -inf.
 __global__ void __launch_bounds__(kThreads)
-    verify_attn_combine_kernel(ddt_verify_attn_params p, const float* ws_o, const float* ws_ml) {
+    verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml) {
   __shared__ int s_items[kThreads], s_rows[kThreads];
   __shared__ float4 s_acc[kWarps][kDimV / 4];  // per-warp partial sums (16 KB)
   __shared__ float s_l[kWarps], s_m[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (offsets_bad(p)) return;  // the main kernel poisoned every row
-  scan_requests(p, CombineCounts{}, s_items, s_rows);
+  scan_requests(p, CombineCounts{split_keys}, s_items, s_rows);
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
   for (int b = blockIdx.x; b < total; b += gridDim.x) {
-    const Item item = locate_item(p, CombineCounts{}, s_items, s_rows, b);
+    const Item item = locate_item(p, CombineCounts{split_keys}, s_items, s_rows, b);
     const Request q = make_request(p, item.r);
     const int64_t n_rows = int64_t(q.nodes) * H;
-    const SplitPlan plan = split_plan(q.keys, n_rows);  // shape checked: only split requests have items
+    const SplitPlan plan = split_plan(q.keys, n_rows, split_keys);  // shape checked: only split requests have items
     const int64_t i = item.local;                        // request-local row
     const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
     // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
@@ -741,12 +747,12 @@ DeviceInfo device_info() {
 }  // namespace
 }  // namespace ddtree::kern::attn
 
-extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, void* workspace, size_t workspace_bytes,
-                                             void* stream) {
+extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
+                                             size_t workspace_bytes, void* stream) {
   using namespace ddtree::kern;
   if (int rc = validate(p)) return rc;
   size_t need = 0;
-  if (int rc = ddt_verify_attn_portable_workspace(p, &need)) return rc;
+  if (int rc = ddt_verify_attn_portable_workspace(p, split_keys, &need)) return rc;
   if (need > 0 && !workspace)
     return fail(DDT_ERR_NULL, "verify_attn_portable: workspace is null (ddt_verify_attn_portable_workspace: " +
                                   std::to_string(need) + " bytes)");
@@ -758,20 +764,21 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, vo
   if (p->total_nodes == 0) return DDT_OK;  // no row to write (batch > 0 then needs off[batch] = 0 anyway)
   const attn::DeviceInfo dev = attn::device_info();
   if (!dev.ok)
-    return fail(DDT_ERR_CUDA, "verify_attn_portable: cannot opt in to 97 KB of dynamic shared memory or query occupancy");
-  const attn::Bounds b = attn::capacity_bounds(*p);
-  // Persistent grid: all resident CTAs, more when the item bound needs them (each CTA owns <= 16 items).
-  const int64_t per_cta = attn::kMaxItemsPerCta;
-  int64_t grid = std::min<int64_t>(b.items, std::max<int64_t>(dev.main_ctas, (b.items + per_cta - 1) / per_cta));
+    return fail(DDT_ERR_CUDA, "verify_attn_portable: cannot opt in to 97 KB of dynamic shared memory or query "
+                              "occupancy (a GPU or build without this kernel's architecture?)");
+  const attn::Bounds b = attn::capacity_bounds(*p, split_keys);
+  // Persistent grid: the resident CTAs (fewer when the item bound is smaller); each takes its items in rounds.
+  int64_t grid = std::min<int64_t>(b.items, dev.main_ctas);
   if (grid < 1) grid = 1;  // padding rows only
   float* ws_o = static_cast<float*>(workspace);
   float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  attn::verify_attn_portable_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, ws_o, ws_ml);
+  attn::verify_attn_portable_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
+                                                                                             ws_ml);
   DDT_CUDA_LAUNCHED();
   if (b.combine_items > 0) {  // some request may split
     const int64_t grid2 = std::max<int64_t>(1, std::min<int64_t>(b.combine_items, dev.combine_ctas));
-    attn::verify_attn_combine_kernel<<<unsigned(grid2), attn::kThreads, 0, s>>>(*p, ws_o, ws_ml);
+    attn::verify_attn_combine_kernel<<<unsigned(grid2), attn::kThreads, 0, s>>>(*p, split_keys, ws_o, ws_ml);
     DDT_CUDA_LAUNCHED();
   }
   return DDT_OK;

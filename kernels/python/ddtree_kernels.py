@@ -108,9 +108,10 @@ def lib():
         for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept", "verify_attn"):
             getattr(_lib, f"ddt_{name}_cpu").argtypes = [ctypes.c_void_p]
             getattr(_lib, f"ddt_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        _lib.ddt_verify_attn_portable_workspace.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-        _lib.ddt_verify_attn_portable_cuda.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                                        ctypes.c_void_p]
+        _lib.ddt_verify_attn_portable_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                                             ctypes.POINTER(ctypes.c_size_t)]
+        _lib.ddt_verify_attn_portable_cuda.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                        ctypes.c_size_t, ctypes.c_void_p]
     return _lib
 
 
@@ -349,7 +350,7 @@ def _as_bf16(ref, x, name: str):
 
 
 def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
-                status=None, kernel: str = "oracle"):
+                status=None, kernel: str = "oracle", split_keys: int = 512):
     """Tree-verify MLA attention over a paged latent KV cache (semantics: kernels.h section 4).
 
     q [total_nodes, H, 576] and kv_cache [num_pages, page_size, 576] (or [num_pages * page_size, 576]) are bf16:
@@ -361,7 +362,9 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
     DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
     status array is OR-ed into and returned. kernel (CUDA tensors only): "oracle" (the simple reference kernel) or
-    "portable" (the mma.sync flash kernel; its workspace is allocated here with torch on the tensors' device)."""
+    "portable" (the mma.sync flash kernel; its workspace is allocated here with torch on the tensors' device;
+    split_keys: its split length, 0 = never split, else a multiple of 32: keep one value per deployment, see
+    kernels.h)."""
     if kernel not in ("oracle", "portable"):
         raise ValueError(f"verify_attn: kernel must be 'oracle' or 'portable', got {kernel!r}")
     if kernel == "portable" and not _is_cuda(q):
@@ -399,14 +402,14 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     if kernel == "portable":
         L = lib()
         need = ctypes.c_size_t(0)
-        rc = L.ddt_verify_attn_portable_workspace(ctypes.byref(p), ctypes.byref(need))
+        rc = L.ddt_verify_attn_portable_workspace(ctypes.byref(p), int(split_keys), ctypes.byref(need))
         if rc != 0:
             raise DDTreeError(rc, f"ddt_verify_attn_portable_workspace: {L.ddt_last_error_message().decode()}")
         ws = torch.empty(max(int(need.value), 16), dtype=torch.uint8, device=ref.device)  # fresh: 256-byte aligned
         with torch.cuda.device(ref.device):
             stream = torch.cuda.current_stream(ref.device).cuda_stream
-            rc = L.ddt_verify_attn_portable_cuda(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()), need.value,
-                                                 ctypes.c_void_p(stream))
+            rc = L.ddt_verify_attn_portable_cuda(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()),
+                                                 need.value, ctypes.c_void_p(stream))
         if rc != 0:
             raise DDTreeError(rc, f"ddt_verify_attn_portable: {L.ddt_status_string(rc).decode()}: "
                                   f"{L.ddt_last_error_message().decode()}")

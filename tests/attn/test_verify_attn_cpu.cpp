@@ -324,15 +324,16 @@ TEST(VerifyAttnCpu, Bf16Conversions) {
 }
 
 // The portable kernel's work split (kernels/common/verify_attn_split.h), checked here because the grid
-// and the workspace are sized from it on the host: for random capacities and random requests inside them,
-// every plan covers its key tiles exactly, a split request's partial rows stay <= keys / 14 (the traffic
-// bound), and the per-request sums never exceed the capacity bounds (a miss would be a lost work item or a
-// workspace overrun on the GPU). Also the policy's intent on the shapes that matter: batch 1 at P = 32k
-// fills the GPU (>= 64 items), large batches of short requests do not split.
-TEST(VerifyAttnSplit, PlansCoverKeysAndStayInsideTheCapacityBounds) {
+// and the workspace are sized from it on the host: for random capacities, split lengths and requests inside
+// the capacities, every plan covers its key tiles exactly with cuts at absolute multiples of split_keys, and
+// the per-request sums never exceed the capacity bounds (a miss would be a lost work item or a workspace
+// overrun on the GPU).
+TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds) {
   using namespace ddtree::kern::attn;
   std::mt19937_64 rng(67);
+  const int split_choices[] = {0, 32, 64, 256, 512, 1024, 4096};
   for (int trial = 0; trial < 3000; ++trial) {
+    const int S = split_choices[trial % 7];
     ddt_verify_attn_params p{};
     p.batch = 1 + int(rng() % 70);
     p.heads = 1 + int(rng() % (trial % 3 == 0 ? 64 : 16));
@@ -341,19 +342,19 @@ TEST(VerifyAttnSplit, PlansCoverKeysAndStayInsideTheCapacityBounds) {
     p.max_pages = int((max_keys_want + p.page_size - 1) / p.page_size);
     p.total_nodes = int(rng() % (p.batch * 80 + 1));
     const int64_t max_keys = int64_t(p.max_pages) * p.page_size;
-    const Bounds b = capacity_bounds(p);
+    const Bounds b = capacity_bounds(p, S);
     int64_t items = 0, partial_rows = 0, nodes_left = p.total_nodes;
     for (int r = 0; r < p.batch; ++r) {
       const int64_t n = (rng() % 4 == 0) ? nodes_left : int64_t(rng() % (nodes_left + 1));
       nodes_left -= n;
       const int64_t rows = n * p.heads;
       if (n > max_keys || rng() % 10 == 0) {  // an invalid request (bad scalars): one item per row tile
-        items += split_plan(0, rows).row_tiles;
-        ASSERT_EQ(split_plan(0, rows).splits, 1);
+        items += split_plan(0, rows, S).row_tiles;
+        ASSERT_EQ(split_plan(0, rows, S).splits, 1);
         continue;
       }
       const int64_t keys = n + int64_t(rng() % (max_keys - n + 1));
-      const SplitPlan s = split_plan(keys, rows);
+      const SplitPlan s = split_plan(keys, rows, S);
       const int64_t ktiles = (keys + kKeyTile - 1) / kKeyTile;
       ASSERT_GE(s.splits, 1);
       ASSERT_EQ(s.row_tiles, (rows + kRowTile - 1) / kRowTile);
@@ -362,30 +363,42 @@ TEST(VerifyAttnSplit, PlansCoverKeysAndStayInsideTheCapacityBounds) {
         ASSERT_GE(int64_t(s.splits) * s.tiles_per_split, ktiles) << "key tiles left over";
       }
       if (s.splits > 1) {
-        ASSERT_LE(rows * s.splits, keys / kKeysPerPartialRow);
-        ASSERT_LE(int64_t(s.row_tiles) * s.splits, kMaxItemsPerRequest - 1 + s.row_tiles);
+        ASSERT_EQ(s.tiles_per_split * kKeyTile, S) << "cuts at absolute multiples of split_keys";
         partial_rows += rows * s.splits;
+      } else {
+        ASSERT_TRUE(S == 0 || keys <= S || rows == 0);
       }
       items += int64_t(s.row_tiles) * s.splits;
     }
     ASSERT_LE(items, b.items) << "trial " << trial;
     ASSERT_LE(partial_rows, b.partial_rows) << "trial " << trial;
     size_t bytes = 0;
-    ASSERT_EQ(ddt_verify_attn_portable_workspace(&p, &bytes), DDT_OK);
+    ASSERT_EQ(ddt_verify_attn_portable_workspace(&p, S, &bytes), DDT_OK);
     ASSERT_EQ(bytes, size_t(b.partial_rows) * size_t(kPartialRowBytes));
+    if (S == 0) ASSERT_EQ(bytes, 0u);
   }
-  // Policy on named shapes (H = 8).
-  const SplitPlan b1 = split_plan(32768 + 8, 8 * 8);  // batch 1, P = 32k, T = 8
-  EXPECT_GE(int64_t(b1.row_tiles) * b1.splits, 64);
-  const SplitPlan b1t1 = split_plan(32768 + 1, 8);  // T = 1
-  EXPECT_GE(b1t1.splits, 128);
-  EXPECT_EQ(split_plan(2048 + 64, 64 * 8).splits, 1);  // P = 2k, T = 64: compute-heavy, no split
-  EXPECT_EQ(split_plan(300, 8 * 8).splits, 1);         // short request
+  // A chain node and its single-node decode: the same cut points over their common keys (rule E).
+  for (int S : {32, 512, 1024}) {
+    const SplitPlan chain = split_plan(1000 + 40, 40 * 8, S), decode = split_plan(1000 + 7 + 1, 8, S);
+    if (chain.splits > 1 && decode.splits > 1) EXPECT_EQ(chain.tiles_per_split, decode.tiles_per_split);
+  }
+  // Extreme capacities (page_size = max_pages = 2^31 - 1): no int64 overflow; unsplit needs no workspace,
+  // a split length that would need >= 2^31 partial rows is refused.
+  ddt_verify_attn_params huge{};
+  huge.batch = 29; huge.total_nodes = 100; huge.heads = 8;
+  huge.page_size = 0x7FFFFFFF; huge.max_pages = 0x7FFFFFFF;
+  size_t huge_bytes = 1;
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&huge, 0, &huge_bytes), DDT_OK);
+  EXPECT_EQ(huge_bytes, 0u);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&huge, 512, &huge_bytes), DDT_ERR_SHAPE);
   ddt_verify_attn_params bad{};
   size_t bytes = 0;
-  EXPECT_EQ(ddt_verify_attn_portable_workspace(nullptr, &bytes), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(nullptr, 512, &bytes), DDT_ERR_NULL);
   bad.batch = 1; bad.heads = 0; bad.page_size = 1; bad.max_pages = 1;
-  EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, &bytes), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, 512, &bytes), DDT_ERR_SHAPE);
+  bad.heads = 1;
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, 48, &bytes), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, 512, &bytes), DDT_OK);
 }
 
 }  // namespace

@@ -47,20 +47,20 @@ struct DevBuf {
 
 // The portable verify-attention kernel with its workspace (ddtree/kernels.h section 4): one device buffer
 // grown to the largest size asked so far (grown outside any graph capture: callers warm up first),
-// NaN-filled when allocated and never cleared, so a result cannot depend on its contents. The signature of
-// the other kernels' entry points (params, stream), so tests and benchmarks can table them together.
-inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, void* stream) {
+// NaN-filled when allocated and never cleared between calls (later calls see earlier partials: the kernel
+// must not read what it did not write in the same call).
+inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
   static void* ws = nullptr;
   static size_t cap = 0;
   size_t need = 0;
-  if (int rc = ddt_verify_attn_portable_workspace(p, &need)) return rc;
+  if (int rc = ddt_verify_attn_portable_workspace(p, split_keys, &need)) return rc;
   if (need > cap) {
     if (ws) GPU_CHECK(cudaFree(ws));
     GPU_CHECK(cudaMalloc(&ws, need));
     GPU_CHECK(cudaMemset(ws, 0xFF, need));
     cap = need;
   }
-  return ddt_verify_attn_portable_cuda(p, ws, cap, stream);
+  return ddt_verify_attn_portable_cuda(p, split_keys, ws, cap, stream);
 }
 
 }  // namespace ddtree::test

@@ -10,7 +10,8 @@
 // and at another position), CUDA graph capture + replay with new inputs in place (variable P and N
 // inside fixed capacities, padding rows), large prefixes (P = 16k) against the brute force on sampled
 // rows. Outputs are poisoned before every launch; inputs carry NaN in everything that must not be read.
-// The chain == single-node-decode bitwise check is the oracle's (the portable kernel is not bitwise to it).
+// Chain node == single-node decode bitwise (rule E) for the oracle and the portable kernel at several
+// split lengths.
 // Every comparison prints one line (max abs / rel error, cosine difference, max ulps) so the log alone
 // shows the margins. Exits 77 (ctest: skipped) when no GPU is present.
 #include <gtest/gtest.h>
@@ -72,8 +73,14 @@ struct Kernel {
   Tol vs_twin;
 };
 const Kernel kOracle{"oracle", ddt_verify_attn_cuda, oracle_tol()};
-const Kernel kPortable{"portable", ddtree::test::verify_attn_portable_with_workspace, Tol{}};
-const Kernel kKernels[] = {kOracle, kPortable};
+// The portable kernel at two split lengths: 512 (the benchmarks' value) and 64 (many splits per request).
+template <int kSplitKeys>
+int portable(const ddt_verify_attn_params* p, void* stream) {
+  return ddtree::test::verify_attn_portable_with_workspace(p, kSplitKeys, stream);
+}
+const Kernel kPortable{"portable", portable<512>, Tol{}};
+const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
+const Kernel kKernels[] = {kOracle, kPortable, kPortable64};
 
 Result run_gpu(const Problem& p, KernelFn fn = ddt_verify_attn_cuda) {
   DevProblem d(p);
@@ -226,9 +233,9 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
     }
 }
 
-// A tree wider than 64 W (N_r > 64 vis_words) is a shape error of that request only: the portable kernel
-// sizes its grid by min(total_nodes, 64 W) rows per request, so its last tile must also poison the rows
-// past that capacity. Both kernels: status bit, that request's rows NaN, the others right.
+// A tree wider than 64 W (N_r > 64 vis_words) is a shape error of that request only (its rows past 64 W
+// included: the portable kernel gives an invalid request one unsplit item per row tile, each poisoning its
+// rows). Both kernels: status bit, that request's rows NaN, the others right.
 TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
   Options o;
   o.heads = 8;
@@ -256,27 +263,42 @@ TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
   }
 }
 
-// Chain node i == decoding node i alone at prefix P + i, bitwise (keys visited by absolute slot).
+// Chain node i == decoding node i alone at prefix P + i, bitwise (FIDELITY rule E on cuda): the oracle
+// visits keys by absolute slot; the portable kernel splits at absolute positions, so for one split_keys a
+// chain node and the single-node decode see the same splits (the chain's masked extra keys and splits add
+// exact zeros). P = 1000, N = 40: with split_keys 1024 the chain (1040 keys) is split while the decodes of
+// nodes 0..23 (<= 1024 keys) are not: the split + combine path must equal the unsplit one bitwise.
 TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
+  struct K { const char* name; KernelFn fn; };
+  const K kernels[] = {{"oracle", ddt_verify_attn_cuda}, {"portable s0", portable<0>}, {"portable s64", portable<64>},
+                       {"portable s512", portable<512>}, {"portable s1024", portable<1024>}};
   for (int page : {1, 64}) {
     Options o;
     o.heads = 8;
     o.page_size = page;
-    const int P = 1000, N = 24;
+    const int P = 1000, N = 40;
     const Problem p = make_problem(71 + page, {{P, N, Shape::kChain}}, o);
-    const Result chain = run_gpu(p);
-    for (int i = 0; i < N; i += 5) {
-      Problem d = p;
-      d.prefix = {P + i};
-      d.offsets = {0, 1};
-      d.total_nodes = 1;
-      d.q.assign(p.q.begin() + size_t(i) * o.heads * kQK, p.q.begin() + size_t(i + 1) * o.heads * kQK);
-      d.vis.assign(size_t(d.W), 0);
-      d.vis[0] = 1;
-      const Result one = run_gpu(d);
-      EXPECT_EQ(0, std::memcmp(one.out.data(), chain.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
-          << "page " << page << " node " << i;
-      EXPECT_EQ(0, std::memcmp(one.lse.data(), chain.lse.data() + size_t(i) * o.heads, one.lse.size() * 4));
+    for (const K& k : kernels) {
+      SCOPED_TRACE(std::string(k.name) + " page " + std::to_string(page));
+      const Result chain = run_gpu(p, k.fn);
+      int checked = 0;
+      for (int i : {0, 5, 10, 15, 20, 23, 24, 25, 30, 35, 39}) {
+        Problem d = p;
+        d.prefix = {P + i};
+        d.offsets = {0, 1};
+        d.total_nodes = 1;
+        d.q.assign(p.q.begin() + size_t(i) * o.heads * kQK, p.q.begin() + size_t(i + 1) * o.heads * kQK);
+        d.vis.assign(size_t(d.W), 0);
+        d.vis[0] = 1;
+        const Result one = run_gpu(d, k.fn);
+        EXPECT_EQ(0, std::memcmp(one.out.data(), chain.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
+            << "node " << i;
+        EXPECT_EQ(0, std::memcmp(one.lse.data(), chain.lse.data() + size_t(i) * o.heads, one.lse.size() * 4))
+            << "node " << i;
+        ++checked;
+      }
+      std::printf("  %-15s page %2d: chain node == single-node decode (bitwise) checked at %d nodes\n", k.name, page,
+                  checked);
     }
   }
 }
@@ -447,25 +469,30 @@ TEST(VerifyAttnGpu, PortableWorkspaceContract) {
   DevProblem d(p);
   auto prm = d.params(p);
   size_t need = 0;
-  ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, &need), DDT_OK);
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, 512, &need), DDT_OK);
   ASSERT_GT(need, 0u) << "this problem must be able to split";
   auto moved = prm;
   moved.prefix_lens = nullptr;  // data pointers do not matter to the size
   size_t need2 = 0;
-  ASSERT_EQ(ddt_verify_attn_portable_workspace(&moved, &need2), DDT_OK);
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&moved, 512, &need2), DDT_OK);
   EXPECT_EQ(need, need2);
-  EXPECT_EQ(ddt_verify_attn_portable_workspace(&prm, nullptr), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&prm, 512, nullptr), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&prm, 100, &need2), DDT_ERR_SHAPE);  // not a multiple of 32
+  EXPECT_EQ(ddt_verify_attn_portable_workspace(&prm, -32, &need2), DDT_ERR_SHAPE);
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, 0, &need2), DDT_OK);
+  EXPECT_EQ(need2, 0u);  // never split: no workspace
   DevBuf<char> ws(need + 64);
-  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, nullptr, need, nullptr), DDT_ERR_NULL);
-  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr + 8, need, nullptr), DDT_ERR_ALIGN);
-  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr, need - 1, nullptr), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, 512, nullptr, need, nullptr), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, 512, ws.ptr + 8, need, nullptr), DDT_ERR_ALIGN);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, 512, ws.ptr, need - 1, nullptr), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_portable_cuda(&prm, 48, ws.ptr, need, nullptr), DDT_ERR_SHAPE);
   GPU_CHECK(cudaMemset(ws.ptr, 0x00, need));
   d.poison_outputs();
-  ASSERT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr, need, nullptr), DDT_OK) << ddt_last_error_message();
+  ASSERT_EQ(ddt_verify_attn_portable_cuda(&prm, 512, ws.ptr, need, nullptr), DDT_OK) << ddt_last_error_message();
   const Result first = d.result();
   GPU_CHECK(cudaMemset(ws.ptr, 0xFF, need));  // NaN everywhere
   d.poison_outputs();
-  ASSERT_EQ(ddt_verify_attn_portable_cuda(&prm, ws.ptr, need, nullptr), DDT_OK);
+  ASSERT_EQ(ddt_verify_attn_portable_cuda(&prm, 512, ws.ptr, need, nullptr), DDT_OK);
   const Result second = d.result();
   EXPECT_EQ(0, std::memcmp(first.out.data(), second.out.data(), first.out.size() * 2));
   EXPECT_EQ(0, std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * 4));

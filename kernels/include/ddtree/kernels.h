@@ -224,8 +224,9 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  * Numerics: _cpu accumulates in f64 (the reference; slow: for tests up to P ~ 2k); the CUDA oracle in f32 with an
  * online softmax; outputs round to bf16 (nearest even). They agree to the correctness bar of
  * reference/mla-verify-attention.md (in practice within 1 bf16 ulp), not bitwise. A row's result does not depend on the
- * other rows of the batch (batch invariance), and keys are visited in a fixed order of their absolute slot,
- * so a chain node i gives bitwise the result of decoding a single node at prefix P_r + i. */
+ * other rows of the batch (batch invariance: every kernel). The CPU twin and the oracle visit keys in a fixed order
+ * of their absolute slot, so with them a chain node i gives bitwise the result of decoding a single node at
+ * prefix P_r + i; the portable kernel too, for a given split_keys (below). */
 #define DDT_ATTN_DIM_QK 576  /* per query / cache row: 512 latent (c_kv, absorbed q_nope) + 64 rope */
 #define DDT_ATTN_DIM_V 512   /* output row: the latent part */
 #define DDT_ATTN_MAX_HEADS 256
@@ -256,18 +257,25 @@ int ddt_verify_attn_cpu(const ddt_verify_attn_params* p);
 int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void* stream);
 /* The portable flash kernel (mma.sync bf16 tensor cores, sm_80 .. sm_120, <= 99 KB shared memory per CTA):
  * same semantics, checks and outputs as the oracle, to the correctness bar (not bitwise: f32 online softmax,
- * P fed to the tensor cores as a bf16 hi + lo pair), batch invariant (how a request's keys are split depends
- * only on its own P + N and N x heads), no host sync, no allocation, CUDA-graph safe (two launches: the
- * attention and, when a request may split its keys, the combine of the splits in a fixed order).
- * workspace: device memory of at least ddt_verify_attn_portable_workspace() bytes, 16-byte aligned (may be
- * null when that is 0); its contents need no initialisation and are scratch after the call. The size
- * depends only on batch, total_nodes, heads and max_pages x page_size, so one allocation serves every call
- * (and every replay of a captured graph) with those capacities; it is at most ~15% of the KV bytes of a
- * batch filled to max_pages x page_size tokens per request (partial rows of f32 o, m, l).
- * Returns DDT_ERR_NULL / DDT_ERR_ALIGN / DDT_ERR_SHAPE for a missing, misaligned or too small workspace. */
-int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, size_t* bytes);
-int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, void* workspace, size_t workspace_bytes,
-                                  void* stream);
+ * P fed to the tensor cores as a bf16 hi + lo pair), batch invariant, no host sync, no allocation, CUDA-graph
+ * safe (two launches: the attention and, when a request may split its keys, the combine of the splits).
+ * split_keys: 0 (never split) or a positive multiple of 32: a request with P_r + N_r > split_keys is cut at the
+ * absolute positions split_keys, 2 split_keys, ... and the pieces are combined in a fixed order. Because the
+ * cut points are absolute, a chain node i of a request at prefix P and the single-node decode at prefix
+ * P + i give bitwise the same result for the same split_keys (FIDELITY rule E on cuda): use one value per
+ * deployment. Small values (e.g. 512) let one long request fill the GPU; 0 avoids the partial traffic and
+ * the workspace when batches are large.
+ * workspace: device memory of at least ddt_verify_attn_portable_workspace(p, split_keys) bytes, 16-byte
+ * aligned (may be null when that is 0); no initialisation needed, scratch after the call. The size depends only
+ * on batch, total_nodes, heads, max_pages x page_size and split_keys, so one allocation serves every call (and
+ * every replay of a captured graph) with those capacities: total_nodes x heads x ceil(max_keys / split_keys)
+ * partial rows of 2,056 B (f32 o, m, l) when max_keys = max_pages x page_size exceeds split_keys, else 0.
+ * Returns DDT_ERR_NULL / DDT_ERR_ALIGN / DDT_ERR_SHAPE for a missing, misaligned or too small workspace and
+ * DDT_ERR_SHAPE for a bad split_keys; ddt_verify_attn_portable_workspace returns DDT_ERR_SHAPE when the
+ * capacities would need 2^31 or more work items or partial rows. */
+int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, int split_keys, size_t* bytes);
+int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
+                                  size_t workspace_bytes, void* stream);
 
 /* bf16 <-> f32 (the conversions both backends use; round to nearest even, NaN stays a quiet NaN). */
 uint16_t ddt_f32_to_bf16(float x);
