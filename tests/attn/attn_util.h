@@ -192,6 +192,20 @@ inline Problem make_problem(uint64_t seed, const std::vector<ReqSpec>& reqs, con
 
 // Recomputes the vis rows of request r from a parent array given by the caller (e.g. to test a mask
 // other than the generated one).
+// The single-node decode of chain node i of a batch-1 chain problem p: prefix P + i (the node's ancestors
+// become prefix), one node (itself, vis bit 0) at slot P + i, the same KV cache and page table.
+inline Problem chain_node_decode(const Problem& p, int i) {
+  const int H = p.opt.heads;
+  Problem d = p;
+  d.prefix = {p.prefix[0] + i};
+  d.offsets = {0, 1};
+  d.total_nodes = 1;
+  d.q.assign(p.q.begin() + size_t(i) * H * kQK, p.q.begin() + size_t(i + 1) * H * kQK);
+  d.vis.assign(size_t(d.W), 0);
+  d.vis[0] = 1;
+  return d;
+}
+
 inline void set_tree(Problem& p, int r, const std::vector<int>& parents) {
   p.parents[r] = parents;
   for (int i = 0; i < p.reqs[r].nodes; ++i) {

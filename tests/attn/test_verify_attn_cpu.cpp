@@ -128,15 +128,7 @@ TEST(VerifyAttnCpu, ChainEqualsCausal) {
     const Report rep = compare_to_ref(got.out, got.lse, causal, o.heads, twin_tol());
     EXPECT_TRUE(rep.ok) << "page " << page << ": " << rep.str();
     for (int i = 0; i < N; ++i) {
-      // Decode node i alone: prefix P + i (its ancestors become prefix), one node (itself) at slot P + i.
-      Problem d = p;
-      d.prefix = {P + i};
-      d.offsets = {0, 1};
-      d.total_nodes = 1;
-      d.q.assign(p.q.begin() + size_t(i) * o.heads * kQK, p.q.begin() + size_t(i + 1) * o.heads * kQK);
-      d.vis.assign(size_t(d.W), 0);
-      d.vis[0] = 1;
-      const Result one = run_cpu(d);
+      const Result one = run_cpu(chain_node_decode(p, i));  // node i alone at prefix P + i
       ASSERT_EQ(one.rc, DDT_OK);
       EXPECT_EQ(0, std::memcmp(one.out.data(), got.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
           << "page " << page << " node " << i;
@@ -375,12 +367,16 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
     size_t bytes = 0;
     ASSERT_EQ(ddt_verify_attn_portable_workspace(&p, S, &bytes), DDT_OK);
     ASSERT_EQ(bytes, size_t(b.partial_rows) * size_t(kPartialRowBytes));
-    if (S == 0) ASSERT_EQ(bytes, 0u);
+    if (S == 0) {
+      ASSERT_EQ(bytes, 0u);
+    }
   }
   // A chain node and its single-node decode: the same cut points over their common keys (rule E).
   for (int S : {32, 512, 1024}) {
     const SplitPlan chain = split_plan(1000 + 40, 40 * 8, S), decode = split_plan(1000 + 7 + 1, 8, S);
-    if (chain.splits > 1 && decode.splits > 1) EXPECT_EQ(chain.tiles_per_split, decode.tiles_per_split);
+    if (chain.splits > 1 && decode.splits > 1) {
+      EXPECT_EQ(chain.tiles_per_split, decode.tiles_per_split);
+    }
   }
   // Extreme capacities (page_size = max_pages = 2^31 - 1): no int64 overflow; unsplit needs no workspace,
   // a split length that would need >= 2^31 partial rows is refused.

@@ -283,14 +283,7 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
       const Result chain = run_gpu(p, k.fn);
       int checked = 0;
       for (int i : {0, 5, 10, 15, 20, 23, 24, 25, 30, 35, 39}) {
-        Problem d = p;
-        d.prefix = {P + i};
-        d.offsets = {0, 1};
-        d.total_nodes = 1;
-        d.q.assign(p.q.begin() + size_t(i) * o.heads * kQK, p.q.begin() + size_t(i + 1) * o.heads * kQK);
-        d.vis.assign(size_t(d.W), 0);
-        d.vis[0] = 1;
-        const Result one = run_gpu(d, k.fn);
+        const Result one = run_gpu(chain_node_decode(p, i), k.fn);
         EXPECT_EQ(0, std::memcmp(one.out.data(), chain.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
             << "node " << i;
         EXPECT_EQ(0, std::memcmp(one.lse.data(), chain.lse.data() + size_t(i) * o.heads, one.lse.size() * 4))
