@@ -572,10 +572,11 @@ __device__ int select_regheap(const float* lp_s, int ks, int Kc, int B, uint32_t
   int n = 0, next_free = 1;
   // Each pop's bookkeeping (node word z = aux | kAuxAny when it pushed anything, score, seq / next_free
   // advance) is done at the end of its own iteration. Not deferred into the next iteration after its redux
-  // (as a first version of this loop did): ptxas 13.0 (sm_90a, -O2/-O3) rotated that loop and addressed
-  // the deferred stores node_pay[n] / node_score[n] one element too far (node i's words landed at i + 1,
-  // nodes 1.. read uninitialized shared memory -> out-of-range table / global indices on the GPU; the PTX
-  // and every CPU emulation were right). Check the SASS stores of this loop after changing it.
+  // (as a first version of this loop did): that version hit an illegal memory access on the H200, and its SASS
+  // (ptxas 13.0, sm_90a) appeared to address the deferred stores node_pay[n] / node_score[n] one element too
+  // far (node i's words at i + 1, nodes 1.. then read uninitialized shared memory -> out-of-range table /
+  // global indices), while the PTX, a host build under AddressSanitizer and the CPU emulation were right: a
+  // likely code-generation defect, not reduced to a repro. Check the SASS stores of this loop after changing it.
   node_score[0] = 0.0f;
   while (true) {
     // This lane's best slot (keys (hi, aux) are unique; empty slots have hi 0).
