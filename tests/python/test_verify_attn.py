@@ -103,6 +103,20 @@ def make_problem(seed, reqs, heads, page_size, extra_rows=0, q_scale=1.0):
                 offsets=offsets, vis=vis, parents=parents, reqs=reqs, page_size=page_size, heads=heads, total=total)
 
 
+def visibility(pb, r):
+    """[n, p + n] bool: key j visible to node i of request r (the whole prefix, then the node's ancestors and
+    itself, walked through the parent array: independent of the vis bit rows the kernels read)."""
+    p, n, _ = pb["reqs"][r]
+    mask = np.zeros((n, p + n), dtype=bool)
+    mask[:, :p] = True
+    for i in range(n):
+        a = i
+        while a >= 0:
+            mask[i, p + a] = True
+            a = pb["parents"][r][a]
+    return mask
+
+
 def reference_np(pb):
     """float64 attention: dense gather through the page table, mask from the parent arrays."""
     H, total = pb["heads"], pb["total"]
@@ -113,13 +127,7 @@ def reference_np(pb):
             continue
         slots = np.arange(p + n)
         K = widen(pb["kv"][pb["page_table"][r, slots // pb["page_size"]], slots % pb["page_size"]]).astype(np.float64)
-        mask = np.zeros((n, p + n), dtype=bool)
-        mask[:, :p] = True
-        for i in range(n):
-            a = i
-            while a >= 0:
-                mask[i, p + a] = True
-                a = pb["parents"][r][a]
+        mask = visibility(pb, r)
         rows = slice(pb["offsets"][r], pb["offsets"][r] + n)
         Q = widen(pb["q"][rows]).astype(np.float64)                 # [n, H, 576]
         s = SCALE * np.einsum("nhd,kd->nhk", Q, K)
@@ -255,13 +263,7 @@ def reference_torch(pb, dev="cuda"):
         slots = np.arange(p + n)
         rows_in_cache = pb["page_table"][r, slots // pb["page_size"]].astype(np.int64) * pb["page_size"] + slots % pb["page_size"]
         K = kv[torch.from_numpy(rows_in_cache).to(dev)]                      # [keys, 576]
-        mask = np.zeros((n, p + n), dtype=bool)
-        mask[:, :p] = True
-        for i in range(n):
-            a = i
-            while a >= 0:
-                mask[i, p + a] = True
-                a = pb["parents"][r][a]
+        mask = visibility(pb, r)
         Q = q[pb["offsets"][r]:pb["offsets"][r + 1]]                         # [n, H, 576]
         s = torch.einsum("nhd,kd->nhk", Q, K) * SCALE
         s = s.masked_fill(~torch.from_numpy(mask).to(dev)[:, None, :], float("-inf"))
