@@ -13,6 +13,7 @@
 #include "kernels/common/numerics.h"
 #include "kernels/common/validate.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace ddtree::kern {
 namespace {
@@ -55,6 +56,8 @@ constexpr int kAcceptWarps = 4;
 __global__ void __launch_bounds__(kAcceptWarps * 32) accept_kernel(ddt_accept_params p) {
   const int b = blockIdx.x * kAcceptWarps + (threadIdx.x >> 5);
   if (b >= p.batch) return;  // whole warps exit together
+  pdl_wait();  // the tree and the keys may come from the previous kernels on the stream
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(b) * p.n;
   AcceptOut out{p.path + int64_t(b) * p.max_path, p.new_tokens + int64_t(b) * p.max_path};
@@ -89,7 +92,6 @@ extern "C" int ddt_accept_cuda(const ddt_accept_params* p, void* stream) {
   if (int rc = validate(p)) return rc;
   if (p->batch == 0) return DDT_OK;
   const unsigned grid = unsigned((p->batch + kAcceptWarps - 1) / kAcceptWarps);
-  accept_kernel<<<grid, kAcceptWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(*p);
-  DDT_CUDA_LAUNCHED();
+  DDT_CUDA_RETURN(launch_pdl(accept_kernel, dim3(grid), dim3(kAcceptWarps * 32), 0, static_cast<cudaStream_t>(stream), *p));
   return DDT_OK;
 }

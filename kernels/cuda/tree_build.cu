@@ -37,11 +37,13 @@
 #include "kernels/common/tree_layout.h"
 #include "kernels/common/validate.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace ddtree::kern {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kStageUnroll = 8;  // log-prob loads in flight per thread while staging (depth 32 x 64 ranks / 256)
 
 // Dev profiling (bench/dev/tree_profile.cu defines DDT_TREE_PROFILE): per CTA, clock64 stamps and counters
 // in g_tree_profile[blockIdx.x][16]. Compiled out otherwise.
@@ -77,6 +79,7 @@ struct TreeSmemPlan {
   int Lc, Kc, N, cap, cs;  // cap: serial frontier slots; cs: rounds set / frontier capacity (0: serial only)
   int ks;                  // lp_s row stride (floats): Kc, or for the register heap a power of two > Kc
   size_t off_tab;          // register heap: u8 [N][Kc] (parent, rank) -> node, aliasing the rounds region
+  size_t off_ids;          // register heap: i32 [Lc][Kc] token ids, staged with the log-probs
   size_t off_lp, off_node_pay, off_score, off_node_prev, off_par, off_fc, off_ns;
   size_t off_s_score, off_s_pay, off_s_push, off_f, off_sort, off_node_of;   // rounds
   size_t off_key, off_pay, off_prev;                                          // serial (aliases rounds)
@@ -122,7 +125,11 @@ __host__ __device__ inline TreeSmemPlan plan(int depth, int k, int budget, int c
   t.off_prev = take(size_t(t.cap) * 4);
   t.bytes = o > rounds_end ? o : rounds_end;
   t.off_tab = region;
-  if (reg && region + size_t(t.N) * t.Kc > t.bytes) t.bytes = region + size_t(t.N) * t.Kc;
+  if (reg) {
+    t.off_ids = (region + size_t(t.N) * t.Kc + 15) / 16 * 16;
+    const size_t end = t.off_ids + size_t(t.Lc) * t.Kc * 4;
+    if (end > t.bytes) t.bytes = end;
+  }
   return t;
 }
 // Rounds capacity for a budget: room for generous overshoot, within the 11-bit candidate ids.
@@ -685,12 +692,32 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   // The rounds path needs a heap-ordered push tree: log-probs <= 0, rows sorted descending, no NaN (the
   // top-K kernel's output always is). Anything else goes to the serial path, which is exact for any input
   // (budgets up to kRegHeapMaxBudget take the register heap whatever the input).
+  pdl_wait();  // the inputs may come from the previous kernel on the stream (programmatic dependent launch)
+  pdl_launch_dependents();
+  // Every load of a thread is issued before its first store (one global latency, not one per element). The
+  // register heap's output reads the token ids from shared memory too (staged here, in the same latency).
   int unordered = 0;
-  for (int i = threadIdx.x; i < t.Lc * Kc; i += kThreads) {
-    const int d = i / Kc, r = i % Kc;
-    const float x = lp[d * K + r];
-    lp_s[d * ks + r] = x;
-    unordered |= num::is_nan(x) || x > 0.0f || (r > 0 && !(x <= lp[d * K + r - 1]));
+  const int staged = t.Lc * Kc;
+  const int32_t* ids = p.token_ids + int64_t(b) * L * K;
+  int32_t* ids_s = reinterpret_cast<int32_t*>(smem + t.off_ids);  // register heap only
+  for (int base = 0; base < staged; base += kThreads * kStageUnroll) {
+    float x[kStageUnroll], prev[kStageUnroll];
+    int32_t id[kStageUnroll];
+#pragma unroll
+    for (int u = 0; u < kStageUnroll; ++u) {
+      const int i = base + u * kThreads + int(threadIdx.x), d = i / Kc, r = i - d * Kc;
+      x[u] = i < staged ? lp[d * K + r] : 0.0f;
+      prev[u] = i < staged && r > 0 && reg_spl == 0 ? lp[d * K + r - 1] : 0.0f;  // the order check: rounds only
+      id[u] = i < staged && reg_spl > 0 ? ids[d * K + r] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kStageUnroll; ++u) {
+      const int i = base + u * kThreads + int(threadIdx.x), d = i / Kc, r = i - d * Kc;
+      if (i >= staged) break;
+      lp_s[d * ks + r] = x[u];
+      if (reg_spl > 0) ids_s[i] = id[u];
+      unordered |= num::is_nan(x[u]) || x[u] > 0.0f || (r > 0 && !(x[u] <= prev[u]));
+    }
   }
   if (reg_spl > 0) {  // register-heap padding: column Kc of rows 0 .. Lc - 1, rows Lc and Lc + 1
     for (int i = threadIdx.x; i < t.Lc; i += kThreads) lp_s[i * ks + Kc] = num::kNegInf;
@@ -733,18 +760,11 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
   // Child lists: siblings pop in rank order (rank r + 1 is pushed when rank r pops), so a parent's first
   // child is its rank-0 child and a node's next sibling is the node whose item it pushed. NaN flags: the
   // log-probs the heap reads when it pops each node (and the initial one), exactly as the CPU twin.
+  // One pass writes every per-node output but the child links, the next (after the barrier that completes
+  // fc_s / ns_s and par_s) the links and the visibility rows.
   int nan = threadIdx.x == 0 && num::is_nan(lp_s[0]);
-  for (int i = 1 + threadIdx.x; i <= n; i += kThreads) {
-    const uint32_t pay = node_pay[i];
-    const int d = item_depth(pay), r = item_rank(pay);
-    if (r == 0) fc_s[item_parent(pay)] = i; else ns_s[node_prev[i]] = i;
-    if (r + 1 < K) nan |= num::is_nan(lp_s[(d - 1) * ks + r + 1]);
-    if (d < L) nan |= num::is_nan(lp_s[d * ks]);
-  }
-  if (__syncthreads_or(nan) && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
   const int32_t P = p.prefix_lens[b];
   const int32_t root = p.root_tokens[b];
-  const int32_t* ids = p.token_ids + int64_t(b) * L * K;
   const int64_t o = int64_t(b) * N;
   for (int i = threadIdx.x; i < N; i += kThreads) {
     int32_t tok, pa, d;
@@ -752,17 +772,23 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(ddt_tree_build_
     if (i == 0) { tok = root; pa = -1; d = 0; score = 0.0f; }
     else if (i <= n) {
       const uint32_t pay = node_pay[i];
+      const int r = item_rank(pay);
       d = item_depth(pay); pa = item_parent(pay); score = node_score[i];
-      tok = ids[(d - 1) * K + item_rank(pay)];
+      tok = reg_spl > 0 ? ids_s[(d - 1) * Kc + r] : ids[(d - 1) * K + r];
+      if (r == 0) fc_s[pa] = i; else ns_s[node_prev[i]] = i;
+      if (r + 1 < K) nan |= num::is_nan(lp_s[(d - 1) * ks + r + 1]);
+      if (d < L) nan |= num::is_nan(lp_s[d * ks]);
     } else { tok = root; pa = -1; d = 1; score = num::kNegInf; }
     par_s[i] = pa;
     p.tokens[o + i] = tok; p.parents[o + i] = pa; p.depths[o + i] = d; p.scores[o + i] = score;
     p.slots[o + i] = P + i; p.positions[o + i] = P + d;
-    p.first_child[o + i] = fc_s[i]; p.next_sibling[o + i] = ns_s[i];
   }
-  __syncthreads();
+  if (__syncthreads_or(nan) && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_NAN_LOGIT);
   const int W = vis_words(N);
-  for (int i = threadIdx.x; i < N; i += kThreads) write_vis_row(par_s, i, W, p.vis + (o + i) * W);
+  for (int i = threadIdx.x; i < N; i += kThreads) {
+    p.first_child[o + i] = fc_s[i]; p.next_sibling[o + i] = ns_s[i];
+    write_vis_row(par_s, i, W, p.vis + (o + i) * W);
+  }
   if (threadIdx.x == 0) p.node_count[b] = n + 1;
   DDT_PROF_STAMP(6);
 }
@@ -808,7 +834,7 @@ extern "C" int ddt_tree_build_cuda(const ddt_tree_build_params* p, void* stream)
   const TreeSmemPlan t = plan(p->depth, p->k, p->budget, cs, reg_spl > 0);
   if (t.bytes > size_t(limit))
     return fail(DDT_ERR_SHAPE, "tree_build: depth x k x budget needs more shared memory than this GPU has");
-  tree_build_kernel<<<p->batch, kThreads, t.bytes, static_cast<cudaStream_t>(stream)>>>(*p, cs, reg_spl);
-  DDT_CUDA_LAUNCHED();
+  DDT_CUDA_RETURN(launch_pdl(tree_build_kernel, dim3(p->batch), dim3(kThreads), t.bytes, static_cast<cudaStream_t>(stream),
+                             *p, cs, reg_spl));
   return DDT_OK;
 }
