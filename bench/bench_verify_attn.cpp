@@ -8,11 +8,12 @@
 // the portable kernel only.
 //
 // usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] [--contiguous] [--chain]
-//                          [--portable-only] [--split-keys N]
+//                          [--portable-only] [--sm90-only] [--split-keys N]
 //   --page N           tokens per KV page (default 64)
 //   --contiguous       physical pages in logical order (default: a random permutation of the pages)
 //   --chain            every tree a chain: the causal case (default: random bushy trees)
 //   --portable-only    skip the oracle
+//   --sm90-only        skip the oracle and the portable kernel (the sm_90a kernel only)
 //   --split-keys N     the portable kernel's split length (default 512; 0: never split)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
 //   --min-fraction F   exit 1 if the portable kernel's fraction of the roofline is below F on a shape
@@ -67,7 +68,13 @@ int g_split_keys = 512;  // --split-keys: the portable kernel's split length (0:
 int portable_kernel(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_portable_with_workspace(p, g_split_keys, stream);
 }
-const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", portable_kernel}};
+int sm90_kernel(const ddt_verify_attn_params* p, void* stream) {
+  return ddtree::test::verify_attn_sm90_with_workspace(p, g_split_keys, stream);
+}
+// The sm_90a row runs only on a compute capability 9.0 GPU (its speedup cell also gives the ratio to the portable
+// kernel in the same run); --sm90-only skips the portable row.
+const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", portable_kernel}, {"sm90", sm90_kernel}};
+bool g_sm90 = false, g_skip_portable = false;
 
 // Fast host bf16 noise: uniform in [-2, 2) from a xorshift (std::normal_distribution is too slow for
 // the 1.2 GB caches of the large shapes).
@@ -181,9 +188,11 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   const int samples[3][2] = {{0, 0}, {total - 1, kHeads - 1}, {total / 2, 3 % kHeads}};
   std::vector<double> ref_out[3], ref_lse(3);
   for (int i = 0; i < 3; ++i) reference_row(st, q, vis, W, T, samples[i][0], samples[i][1], scale, ref_out[i], ref_lse[i]);
-  double oracle_us = 0;
+  double oracle_us = 0, portable_us = 0;
   for (const KernelRow& k : kKernelRows) {
     const bool is_oracle = k.fn == ddt_verify_attn_cuda;
+    if (k.fn == sm90_kernel && !g_sm90) continue;
+    if (k.fn == portable_kernel && g_skip_portable) continue;
     if (is_oracle && max_est_s < 0) continue;  // --portable-only
     if (is_oracle && est_s > max_est_s) {
       std::printf("| %d | %d | %d | %s | skipped: estimated %.1f s > --max-est-s %.1f | | | %.1f | | | | |\n", P, T, batch,
@@ -233,8 +242,12 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
     const double tbs = bytes / (us * 1e-6) / 1e12, tflops = flops / (us * 1e-6) / 1e12, frac = roof_us / us;
     if (is_oracle) oracle_us = us;
     else if (frac < min_fraction) ++g_below_floor;
-    char speedup[32] = "";
+    if (k.fn == portable_kernel) portable_us = us;
+    char speedup[64] = "";
     if (!is_oracle && oracle_us > 0) std::snprintf(speedup, sizeof speedup, "%.1f", oracle_us / us);
+    if (k.fn == sm90_kernel && portable_us > 0)
+      std::snprintf(speedup + std::strlen(speedup), sizeof speedup - std::strlen(speedup), "%s%.2fx portable",
+                    oracle_us > 0 ? " / " : "", portable_us / us);
     std::printf("| %d | %d | %d | %s | %.1f | %.3f | %.1f | %.1f | %.4f | %.3f | %s | %s (worst abs err %.1e) |\n", P, T,
                 batch, k.name, us, tbs, tflops, roof_us, frac, tbs / copy_tbs, speedup, ok ? "yes" : "NO", worst);
     std::fflush(stdout);
@@ -255,10 +268,11 @@ int main(int argc, char** argv) {
     else if (a == "--contiguous") g_contiguous = true;
     else if (a == "--chain") g_chain = true;
     else if (a == "--portable-only") portable_only = true;
+    else if (a == "--sm90-only") portable_only = g_skip_portable = true;
     else if (a == "--split-keys" && i + 1 < argc) g_split_keys = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
-                           "[--contiguous] [--chain] [--portable-only] [--split-keys N]\n");
+                           "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--split-keys N]\n");
       return 2;
     }
   }
@@ -273,10 +287,12 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double copy_tbs = copy_bandwidth_tbs(s);
+  g_sm90 = ddtree::test::gpu_is_sm90();
   DevBuf<char> flush(size_t(256) << 20);
-  std::printf("# bench_verify_attn: the ORACLE (one CTA per row and head, f32, no tensor cores) and the PORTABLE flash "
-              "kernel (mma.sync bf16, 32 rows x 32 keys per step, cp.async) on %s (%d SMs)\n",
-              prop.name, prop.multiProcessorCount);
+  std::printf("# bench_verify_attn: the ORACLE (one CTA per row and head, f32, no tensor cores), the PORTABLE flash "
+              "kernel (mma.sync bf16, 32 rows x 32 keys per step, cp.async) and the SM90 kernel (wgmma, 64 rows x 64 "
+              "keys; %s) on %s (%d SMs)\n",
+              g_sm90 ? "timed" : "not run: not compute capability 9.0", prop.name, prop.multiProcessorCount);
   std::printf("# same-run device copy %.2f TB/s (read + write); roofline ceilings fixed at 4.3 TB/s and 790 TFLOP/s "
               "(reference/mla-verify-attention.md); H = %d, page size %d, %s pages, %s trees, L2 flushed before each "
               "sample; portable split_keys %d\n",

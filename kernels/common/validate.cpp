@@ -182,6 +182,7 @@ const char* ddt_status_string(int status) {
     case DDT_ERR_NO_CUDA: return "cuda backend unavailable (not built, or no GPU)";
     case DDT_ERR_CUDA: return "CUDA runtime error";
     case DDT_ERR_VALUE: return "scalar argument out of range";
+    case DDT_ERR_ARCH: return "the GPU lacks the kernel's architecture";
     default: return "unknown status";
   }
 }

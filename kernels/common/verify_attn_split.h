@@ -29,16 +29,17 @@ constexpr int kMaxItemsPerCta = 16;       // a persistent CTA lists its items 16
 constexpr int kCombineRowsPerItem = 1;    // combine: one CTA per row
 
 struct SplitPlan {
-  int row_tiles;            // ceil(rows / 32)
+  int row_tiles;            // ceil(rows / row_tile)
   int splits;               // key ranges (1: no split, the item writes out / lse itself)
   int64_t tiles_per_split;  // key tiles per range (the last may be shorter)
 };
 
 // keys = P + N of a request whose scalars are valid (0 for an invalid one: one item per row tile, no
-// split), rows = N x H, split_keys as above (validated by the launcher).
-DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys) {
+// split), rows = N x H, split_keys as above (validated by the launcher); row_tile: the kernel's rows per item
+// (the portable kernel's 32, the sm_90a kernel's 64; the splits do not depend on it).
+DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_tile = kRowTile) {
   SplitPlan s;
-  s.row_tiles = int((rows + kRowTile - 1) / kRowTile);
+  s.row_tiles = int((rows + row_tile - 1) / row_tile);
   s.splits = 1;
   const int64_t ktiles = (keys + kKeyTile - 1) / kKeyTile;
   s.tiles_per_split = ktiles > 0 ? ktiles : 1;

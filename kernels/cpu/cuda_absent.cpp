@@ -19,4 +19,5 @@ int ddt_sample_keys_cuda(const ddt_sample_keys_params* p, void*) { return absent
 int ddt_accept_cuda(const ddt_accept_params* p, void*) { return absent(p); }
 int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void*) { return absent(p); }
 int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }
+int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }
 }

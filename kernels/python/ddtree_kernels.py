@@ -110,8 +110,9 @@ def lib():
             getattr(_lib, f"ddt_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         _lib.ddt_verify_attn_portable_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                                              ctypes.POINTER(ctypes.c_size_t)]
-        _lib.ddt_verify_attn_portable_cuda.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                        ctypes.c_size_t, ctypes.c_void_p]
+        for name in ("portable", "sm90"):
+            getattr(_lib, f"ddt_verify_attn_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                                      ctypes.c_size_t, ctypes.c_void_p]
     return _lib
 
 
@@ -362,13 +363,13 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
     DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
     status array is OR-ed into and returned. kernel (CUDA tensors only): "oracle" (the simple reference kernel) or
-    "portable" (the mma.sync flash kernel; its workspace is allocated here with torch on the tensors' device;
-    split_keys: its split length, 0 = never split, else a multiple of 32: keep one value per deployment, see
-    kernels.h)."""
-    if kernel not in ("oracle", "portable"):
-        raise ValueError(f"verify_attn: kernel must be 'oracle' or 'portable', got {kernel!r}")
-    if kernel == "portable" and not _is_cuda(q):
-        raise ValueError("verify_attn: kernel='portable' runs on CUDA tensors only")
+    "portable" (the mma.sync flash kernel) or "sm90" (the wgmma flash kernel, compute capability 9.0 only); the
+    flash kernels' workspace is allocated here with torch on the tensors' device; split_keys: their split
+    length, 0 = never split, else a multiple of 32: keep one value per deployment, see kernels.h)."""
+    if kernel not in ("oracle", "portable", "sm90"):
+        raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable' or 'sm90', got {kernel!r}")
+    if kernel != "oracle" and not _is_cuda(q):
+        raise ValueError(f"verify_attn: kernel={kernel!r} runs on CUDA tensors only")
     if len(q.shape) != 3 or q.shape[2] != ATTN_DIM_QK:
         raise ValueError(f"verify_attn: q must be [total_nodes, heads, {ATTN_DIM_QK}], got {tuple(q.shape)}")
     total_nodes, heads = int(q.shape[0]), int(q.shape[1])
@@ -399,7 +400,7 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     p = _VerifyAttn(_ptr(q), _ptr(kv), _ptr(page_table), _ptr(prefix_lens), _ptr(node_offsets), _ptr(vis), batch,
                     total_nodes, heads, page_size, max_pages, slots // page_size, int(vis.shape[1]),
                     float(softmax_scale), _ptr(out), _ptr(lse), _ptr(st))
-    if kernel == "portable":
+    if kernel != "oracle":
         L = lib()
         need = ctypes.c_size_t(0)
         rc = L.ddt_verify_attn_portable_workspace(ctypes.byref(p), int(split_keys), ctypes.byref(need))
@@ -408,10 +409,10 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
         ws = torch.empty(max(int(need.value), 16), dtype=torch.uint8, device=ref.device)  # fresh: 256-byte aligned
         with torch.cuda.device(ref.device):
             stream = torch.cuda.current_stream(ref.device).cuda_stream
-            rc = L.ddt_verify_attn_portable_cuda(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()),
-                                                 need.value, ctypes.c_void_p(stream))
+            fn = getattr(L, f"ddt_verify_attn_{kernel}_cuda")
+            rc = fn(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()), need.value, ctypes.c_void_p(stream))
         if rc != 0:
-            raise DDTreeError(rc, f"ddt_verify_attn_portable: {L.ddt_status_string(rc).decode()}: "
+            raise DDTreeError(rc, f"ddt_verify_attn_{kernel}: {L.ddt_status_string(rc).decode()}: "
                                   f"{L.ddt_last_error_message().decode()}")
         return out, lse, st
     _call("verify_attn", p, ref)

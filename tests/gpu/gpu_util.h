@@ -45,11 +45,13 @@ struct DevBuf {
   void poison(int byte = 0xFF) { GPU_CHECK(cudaMemset(ptr, byte, n * sizeof(T))); }
 };
 
-// The portable verify-attention kernel with its workspace (ddtree/kernels.h section 4): one device buffer
-// grown to the largest size asked so far (grown outside any graph capture: callers warm up first),
-// NaN-filled when allocated and never cleared between calls (later calls see earlier partials: the kernel
-// must not read what it did not write in the same call).
-inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
+// A flash verify-attention kernel (portable or sm_90a, ddtree/kernels.h section 4) with its workspace: one
+// device buffer grown to the largest size asked so far (grown outside any graph capture: callers warm up
+// first), NaN-filled when allocated and never cleared between calls (later calls see earlier partials: the
+// kernel must not read what it did not write in the same call).
+using VerifyAttnFlashFn = int (*)(const ddt_verify_attn_params*, int, void*, size_t, void*);
+inline int verify_attn_flash_with_workspace(VerifyAttnFlashFn fn, const ddt_verify_attn_params* p, int split_keys,
+                                            void* stream) {
   static void* ws = nullptr;
   static size_t cap = 0;
   size_t need = 0;
@@ -60,7 +62,21 @@ inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, 
     GPU_CHECK(cudaMemset(ws, 0xFF, need));
     cap = need;
   }
-  return ddt_verify_attn_portable_cuda(p, split_keys, ws, cap, stream);
+  return fn(p, split_keys, ws, cap, stream);
+}
+inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
+  return verify_attn_flash_with_workspace(ddt_verify_attn_portable_cuda, p, split_keys, stream);
+}
+inline int verify_attn_sm90_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
+  return verify_attn_flash_with_workspace(ddt_verify_attn_sm90_cuda, p, split_keys, stream);
+}
+// Whether the current GPU runs the sm_90a kernel (compute capability 9.0).
+inline bool gpu_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
 }
 
 }  // namespace ddtree::test

@@ -80,7 +80,27 @@ int portable(const ddt_verify_attn_params* p, void* stream) {
 }
 const Kernel kPortable{"portable", portable<512>, Tol{}};
 const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
-const Kernel kKernels[] = {kOracle, kPortable, kPortable64};
+// The sm_90a kernel (compute capability 9.0 only) at 512, 64 and 0 (never split).
+template <int kSplitKeys>
+int sm90(const ddt_verify_attn_params* p, void* stream) {
+  return ddtree::test::verify_attn_sm90_with_workspace(p, kSplitKeys, stream);
+}
+// Every kernel the GPU runs; the sm_90a ones are left out, with a printed note, off compute capability 9.0
+// (and Sm90KernelOnThisGpu reports that as a skip).
+const std::vector<Kernel>& kernels_under_test() {
+  static const std::vector<Kernel> ks = [] {
+    std::vector<Kernel> v = {kOracle, kPortable, kPortable64};
+    if (ddtree::test::gpu_is_sm90()) {
+      v.push_back({"sm90", sm90<512>, Tol{}});
+      v.push_back({"sm90-s64", sm90<64>, Tol{}});
+      v.push_back({"sm90-s0", sm90<0>, Tol{}});
+    } else {
+      std::printf("  (not compute capability 9.0: the sm_90a kernel is not in the kernel lists)\n");
+    }
+    return v;
+  }();
+  return ks;
+}
 
 Result run_gpu(const Problem& p, KernelFn fn = ddt_verify_attn_cuda) {
   DevProblem d(p);
@@ -159,7 +179,7 @@ TEST_P(VerifyAttnGpu, KernelsMatchCpuTwinAndBruteForce) {
   const Result cpu = run_cpu(p);
   ASSERT_EQ(cpu.rc, DDT_OK);
   const Ref brute = brute_force(p);
-  for (const Kernel& k : kKernels) {
+  for (const Kernel& k : kernels_under_test()) {
     SCOPED_TRACE(k.name);
     const Result gpu = run_gpu(p, k.fn);
     EXPECT_EQ(gpu.status, cpu.status);
@@ -186,7 +206,7 @@ TEST(VerifyAttnGpu, LargePrefixAgainstBruteForceOnSampledRows) {
     const int rows[] = {0, l.N / 2, l.N - 1, l.N, 2 * l.N - 1};
     std::vector<Ref> refs;
     for (int row : rows) refs.push_back(brute_force(p, row, row + 1));
-    for (const Kernel& k : kKernels) {
+    for (const Kernel& k : kernels_under_test()) {
       const Result gpu = run_gpu(p, k.fn);
       EXPECT_EQ(gpu.status, 0u) << k.name;
       for (size_t i = 0; i < refs.size(); ++i) {
@@ -215,7 +235,7 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
       {"offsets decreasing", [](Problem& p) { p.offsets[2] = 4; }},
       {"offsets end > total_nodes", [](Problem& p) { p.offsets[3] = p.total_nodes + 1; }},
   };
-  for (const Kernel& k : kKernels)
+  for (const Kernel& k : kernels_under_test())
     for (const auto& [what, apply] : muts) {
       SCOPED_TRACE(std::string(k.name) + ": " + what);
       Problem p = base;
@@ -251,7 +271,7 @@ TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
   p.vis = vis1;
   const Result cpu = run_cpu(p);
   EXPECT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
-  for (const Kernel& k : kKernels) {
+  for (const Kernel& k : kernels_under_test()) {
     SCOPED_TRACE(k.name);
     const Result gpu = run_gpu(p, k.fn);
     EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
@@ -270,8 +290,12 @@ TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
 // nodes 0..23 (<= 1024 keys) are not: the split + combine path must equal the unsplit one bitwise.
 TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
   struct K { const char* name; KernelFn fn; };
-  const K kernels[] = {{"oracle", ddt_verify_attn_cuda}, {"portable s0", portable<0>}, {"portable s64", portable<64>},
-                       {"portable s512", portable<512>}, {"portable s1024", portable<1024>}};
+  std::vector<K> kernels = {{"oracle", ddt_verify_attn_cuda}, {"portable s0", portable<0>},
+                            {"portable s64", portable<64>}, {"portable s512", portable<512>},
+                            {"portable s1024", portable<1024>}};
+  if (ddtree::test::gpu_is_sm90())
+    for (K k : {K{"sm90 s0", sm90<0>}, K{"sm90 s64", sm90<64>}, K{"sm90 s512", sm90<512>}, K{"sm90 s1024", sm90<1024>}})
+      kernels.push_back(k);
   for (int page : {1, 64}) {
     Options o;
     o.heads = 8;
@@ -342,7 +366,7 @@ TEST(VerifyAttnGpu, BatchInvariance) {
                                       {63, 128, Shape::kStar}, {129, 17, Shape::kRandom}}, o);
   const Problem rp = reversed(p);
   const size_t HV = size_t(o.heads) * kV;
-  for (const Kernel& k : kKernels) {
+  for (const Kernel& k : kernels_under_test()) {
     SCOPED_TRACE(k.name);
     const Result all = run_gpu(p, k.fn);
     const Result rev = run_gpu(rp, k.fn);
@@ -422,7 +446,7 @@ void graph_replay(const Kernel& k) {
 }
 
 TEST(VerifyAttnGpu, GraphCaptureReplayWithNewInputs) {
-  for (const Kernel& k : kKernels) graph_replay(k);
+  for (const Kernel& k : kernels_under_test()) graph_replay(k);
 }
 
 // A long request with few rows splits its keys (the portable kernel): a bad page inside ONE split must
@@ -438,7 +462,7 @@ TEST(VerifyAttnGpu, BadPageInOneSplitPoisonsTheWholeRequest) {
     p.page_table[size_t(entry)] = -7;
     const Result cpu = run_cpu(p);
     ASSERT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
-    for (const Kernel& k : kKernels) {
+    for (const Kernel& k : kernels_under_test()) {
       SCOPED_TRACE(std::string(k.name) + " page entry " + std::to_string(entry));
       const Result gpu = run_gpu(p, k.fn);
       EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
@@ -494,11 +518,27 @@ TEST(VerifyAttnGpu, PortableWorkspaceContract) {
   EXPECT_TRUE(rep.ok) << rep.str();
 }
 
+// The sm_90a kernel: in every kernel list above on a compute capability 9.0 GPU; elsewhere it must refuse
+// with DDT_ERR_ARCH (and this test reports the skip).
+TEST(VerifyAttnGpu, Sm90KernelOnThisGpu) {
+  const Problem p = make_problem(6, {{70, 9, Shape::kBushy}});
+  DevProblem d(p);
+  auto prm = d.params(p);
+  const int rc = ddtree::test::verify_attn_sm90_with_workspace(&prm, 512, nullptr);
+  if (!ddtree::test::gpu_is_sm90()) {
+    EXPECT_EQ(rc, DDT_ERR_ARCH) << ddt_last_error_message();
+    GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  }
+  EXPECT_EQ(rc, DDT_OK) << ddt_last_error_message();
+  EXPECT_EQ(ddtree::test::verify_attn_sm90_with_workspace(&prm, 48, nullptr), DDT_ERR_SHAPE);  // not a multiple of 32
+  GPU_CHECK(cudaDeviceSynchronize());
+}
+
 TEST(VerifyAttnGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {
   const Problem p = make_problem(5, {{3, 2, Shape::kChain}});
   DevProblem d(p);
   auto good = d.params(p);
-  for (const Kernel& k : kKernels) {
+  for (const Kernel& k : kernels_under_test()) {
     SCOPED_TRACE(k.name);
     auto bad = good;
     bad.heads = 0;

@@ -25,6 +25,8 @@ except Exception:
     torch = None
     HAVE_TORCH = False
     HAVE_CUDA = False
+# The sm_90a kernel runs on compute capability 9.0 only (elsewhere its tests report a skip).
+HAVE_SM90 = HAVE_CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 BACKENDS = ["cpu",
             pytest.param("torch_cpu", marks=pytest.mark.skipif(not HAVE_TORCH, reason="no torch")),
@@ -192,12 +194,13 @@ CASES = [  # (seed, reqs, heads, page_size, extra_rows)
 
 
 @pytest.mark.parametrize("backend", BACKENDS + [
-    pytest.param("cuda-portable", marks=pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch"))])
+    pytest.param("cuda-portable", marks=pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch")),
+    pytest.param("cuda-sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
 @pytest.mark.parametrize("seed,reqs,heads,page,extra", CASES)
 def test_verify_attn_against_float64_reference(backend, seed, reqs, heads, page, extra):
     pb = make_problem(seed, reqs, heads, page, extra)
-    kernel = "portable" if backend == "cuda-portable" else "oracle"
-    backend = "cuda" if backend == "cuda-portable" else backend
+    kernel = backend[5:] if backend.startswith("cuda-") else "oracle"
+    backend = "cuda" if backend.startswith("cuda-") else backend
     out, lse, st = run(backend, pb, kernel=kernel)
     if backend != "cpu":
         assert out.dtype == torch.bfloat16 and out.device.type == ("cuda" if backend == "cuda" else "cpu")
@@ -273,7 +276,8 @@ def reference_torch(pb, dev="cuda"):
 
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch")
-@pytest.mark.parametrize("kernel", ["oracle", "portable"])
+@pytest.mark.parametrize("kernel", ["oracle", "portable", pytest.param(
+    "sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
 @pytest.mark.parametrize("reqs,heads,page", [
     ([(4096, 64, "bushy"), (2047, 8, "chain")], 8, 64),
     ([(32768, 16, "deep"), (32767, 1, "chain"), (12345, 65, "star")], 8, 64),

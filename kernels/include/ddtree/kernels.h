@@ -42,6 +42,7 @@ typedef enum ddt_status {
   DDT_ERR_NO_CUDA = 7,     /* this build has no cuda backend, or no GPU is present */
   DDT_ERR_CUDA = 8,        /* a CUDA runtime call failed (ddt_last_error_message() says which) */
   DDT_ERR_VALUE = 9,       /* a scalar argument out of range (verify attention: softmax_scale) */
+  DDT_ERR_ARCH = 10,       /* the GPU lacks the kernel's architecture (the sm_90a kernel off compute capability 9.0) */
 } ddt_status;
 
 /* ---- data status word bits (OR-ed into *status by kernels) ---- */
@@ -276,6 +277,13 @@ int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void* stream);
 int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, int split_keys, size_t* bytes);
 int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
                                   size_t workspace_bytes, void* stream);
+/* The sm_90a flash kernel (Hopper: wgmma with operands in shared memory, 64-row x 64-key tiles): the same
+ * semantics, checks, outputs, split_keys rule, workspace (ddt_verify_attn_portable_workspace sizes it) and
+ * combine as the portable kernel, to the correctness bar; batch invariant, chain node == single-node decode
+ * bitwise for one split_keys, no host sync, no allocation, CUDA-graph safe. Returns DDT_ERR_ARCH on a GPU of
+ * another compute capability than 9.0. */
+int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
+                              size_t workspace_bytes, void* stream);
 
 /* bf16 <-> f32 (the conversions both backends use; round to nearest even, NaN stays a quiet NaN). */
 uint16_t ddt_f32_to_bf16(float x);

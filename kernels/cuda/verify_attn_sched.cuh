@@ -1,0 +1,224 @@
+// Tree-verify attention, the pieces both flash kernels share (verify_attn_portable.cu, verify_attn_sm90.cu):
+// the device-side scheduling over requests (a block scan of per-request item counts, item lookup), the
+// node_offsets check, row fills (padding / poison) and the fixed-order combine of KV splits. Both kernels
+// use the same workspace layout (kernels/common/verify_attn_split.h): partial row (split s, request-local row
+// i) of request r at partial_base_r + s x rows_r + i, f32 o[512] in ws_o and (m in log2 units, l) in ws_ml.
+// Included by one .cu each (internal linkage: each gets its own copy of the combine kernel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/bf16.h"
+#include "kernels/common/numerics.h"
+#include "kernels/common/validate.h"
+#include "kernels/common/verify_attn_index.h"
+#include "kernels/common/verify_attn_split.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace ddtree::kern::attn {
+namespace {
+
+constexpr int kWarps = 8;              // both flash kernels and the combine run 256-thread CTAs
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Writes the flattened (node, head) rows f_begin + warp, + f_stride, ... < f_end (of total_nodes * H) with
+// one value (a lane writes 16 bf16). Used for padding (0 / -inf) and poison (NaN / NaN).
+__device__ void fill_rows(const ddt_verify_attn_params& p, int64_t f_begin, int64_t f_end, int64_t f_stride,
+                          uint16_t v, float l) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
+  const uint4 vv = make_uint4(v2, v2, v2, v2);
+  for (int64_t f = f_begin + warp; f < f_end; f += f_stride) {
+    uint4* o = reinterpret_cast<uint4*>(p.out + f * kDimV);
+    o[lane] = vv;
+    o[lane + 32] = vv;
+    if (lane == 0) p.lse[f] = l;
+  }
+}
+
+// ---- scheduling: per-request item counts, a block scan over requests, item lookup ----
+struct Counts {
+  int items;         // work items of this request in the kernel at hand
+  int partial_rows;  // workspace rows of this request (rows x splits when split, else 0)
+};
+// A flash kernel with row tiles of RowTile rows: row_tiles x splits items per request.
+template <int RowTile>
+struct MainCounts {
+  int split_keys;
+  __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
+    const Request q = make_request(p, r);
+    const int64_t rows = int64_t(q.nodes) * p.heads;
+    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, RowTile);
+    return {s.row_tiles * s.splits, s.splits > 1 ? int(rows * s.splits) : 0};
+  }
+};
+// The combine: one item per row of a split request.
+struct CombineCounts {
+  int split_keys;
+  __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
+    const int partial = MainCounts<kRowTile>{split_keys}(p, r).partial_rows;  // rows x splits when split, else 0
+    const int64_t rows = int64_t(p.node_offsets[r + 1] - p.node_offsets[r]) * p.heads;
+    return {partial > 0 ? int((rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem) : 0, partial};
+  }
+};
+
+// Block-wide inclusive scan of the counts over requests: thread i sums a contiguous chunk of requests
+// (node_offsets must be well formed, so every count and total fits in int: the host bounds them), then a
+// warp-shuffle scan and the warp totals (two barriers). s_items / s_rows [kThreads] receive the inclusive
+// prefix sums per thread chunk. Ends with a barrier.
+template <class F>
+__device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows) {
+  __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (p.batch + kThreads - 1) / kThreads;
+  const int r_lo = tid * per < p.batch ? tid * per : p.batch;
+  const int r_hi = r_lo + per < p.batch ? r_lo + per : p.batch;
+  int a = 0, b = 0;
+  for (int r = r_lo; r < r_hi; ++r) {
+    const Counts c = counts(p, r);
+    a += c.items;
+    b += c.partial_rows;
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int va = __shfl_up_sync(0xFFFFFFFFu, a, off), vb = __shfl_up_sync(0xFFFFFFFFu, b, off);
+    if (lane >= off) { a += va; b += vb; }
+  }
+  if (lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; }
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; }
+  s_items[tid] = a;
+  s_rows[tid] = b;
+  __syncthreads();
+}
+
+struct Item {
+  int r;             // request (-1: none)
+  int local;         // item index within the request
+  int partial_base;  // the request's first workspace row
+};
+// Item b (< total) from the scan: the thread chunk holding it (binary search), then a walk over the
+// chunk's requests. Any thread may call it (no barrier).
+template <class F>
+__device__ Item locate_item(const ddt_verify_attn_params& p, F counts, const int* s_items, const int* s_rows,
+                            int b) {
+  int lo = 0, hi = kThreads - 1;  // first chunk whose inclusive count exceeds b
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (s_items[mid] > b) hi = mid; else lo = mid + 1;
+  }
+  int a0 = lo > 0 ? s_items[lo - 1] : 0, b0 = lo > 0 ? s_rows[lo - 1] : 0;
+  const int per = (p.batch + kThreads - 1) / kThreads;
+  const int r_hi = min((lo + 1) * per, p.batch);
+  for (int r = lo * per; r < r_hi; ++r) {
+    const Counts c = counts(p, r);
+    if (b < a0 + c.items) return {r, b - a0, b0};
+    a0 += c.items;
+    b0 += c.partial_rows;
+  }
+  return {-1, 0, 0};  // unreachable for b < total
+}
+
+// Every CTA of both kernels: is node_offsets well formed? (a block-wide OR; ends with a barrier)
+__device__ bool offsets_bad(const ddt_verify_attn_params& p) {
+  bool bad = false;
+  for (int i = threadIdx.x; i <= p.batch; i += kThreads) bad |= !offsets_entry_ok(p, i);
+  return __syncthreads_or(bad);
+}
+
+// The combine: for each row of a split request, merge its splits' (m, l, o):
+//   M = max_s m_s; w_s = 2^(m_s - M); L = sum_s w_s l_s; out = (sum_s w_s o_s) / L; lse = ln(2) M + ln(L).
+// One CTA per row (an item): warp w sums the splits s = w, w + 8, ... in increasing order (lane: dims
+// [4 lane + 128 k, +4), k < 4: coalesced 512-byte warp loads per split), then the 8 warp sums are added in
+// warp order. The order depends only on the split count, so the result is deterministic and batch
+// invariant. A split marked bad (m = NaN) makes the row NaN; no visible key at all (M = -inf): 0 / -inf.
+__global__ void __launch_bounds__(kThreads)
+    verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml) {
+  __shared__ int s_items[kThreads], s_rows[kThreads];
+  __shared__ float4 s_acc[kWarps][kDimV / 4];  // per-warp partial sums (16 KB)
+  __shared__ float s_l[kWarps], s_m[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (offsets_bad(p)) return;  // the main kernel poisoned every row
+  scan_requests(p, CombineCounts{split_keys}, s_items, s_rows);
+  const int total = s_items[kThreads - 1];
+  const int H = p.heads;
+  for (int b = blockIdx.x; b < total; b += gridDim.x) {
+    const Item item = locate_item(p, CombineCounts{split_keys}, s_items, s_rows, b);
+    const Request q = make_request(p, item.r);
+    const int64_t n_rows = int64_t(q.nodes) * H;
+    const SplitPlan plan = split_plan(q.keys, n_rows, split_keys);  // shape checked: only split requests have items
+    const int64_t i = item.local;                        // request-local row
+    const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
+    // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
+    float m_max = num::kNegInf;
+    bool bad = false;
+    for (int s = tid; s < plan.splits; s += kThreads) {
+      const float m = ws_ml[(prow + s * n_rows) * 2];
+      bad |= isnan(m);
+      m_max = fmaxf(m_max, m);
+    }
+    m_max = warp_max(m_max);
+    bad = __syncthreads_or(bad);  // (also orders the previous item's reads of s_acc before the writes below)
+    if (lane == 0) s_m[warp] = m_max;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w]);
+    const int64_t out_row = int64_t(q.first_row) * H + i;
+    uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV);  // 4 bf16 per uint2
+    if (bad || m_max == num::kNegInf) {
+      const uint16_t v = bad ? num::kBf16QuietNaN : uint16_t(0);
+      const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
+      if (tid < kDimV / 4) o[tid] = make_uint2(v2, v2);
+      if (tid == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
+      continue;
+    }
+    // 2. Warp w: splits w, w + 8, ... in order.
+    float4 acc[4] = {};
+    float l_sum = 0.0f;
+#pragma unroll 2
+    for (int s = warp; s < plan.splits; s += kWarps) {
+      const int64_t pr = prow + s * n_rows;
+      const float wgt = exp2f(ws_ml[pr * 2] - m_max);
+      l_sum += wgt * ws_ml[pr * 2 + 1];
+      const float4* src = reinterpret_cast<const float4*>(ws_o + pr * kDimV);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 v = src[lane + 32 * k];
+        acc[k].x += wgt * v.x;
+        acc[k].y += wgt * v.y;
+        acc[k].z += wgt * v.z;
+        acc[k].w += wgt * v.w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s_acc[warp][lane + 32 * k] = acc[k];
+    if (lane == 0) s_l[warp] = l_sum;
+    __syncthreads();
+    // 3. The warp sums in warp order; thread t < 128 finishes dims [4 t, 4 t + 4).
+    if (tid < kDimV / 4) {
+      float l_all = 0.0f;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        l_all += s_l[w];
+        const float4 v = s_acc[w][tid];
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const float inv = 1.0f / l_all;
+      const uint32_t x = num::f32_to_bf16(sum.x * inv), y = num::f32_to_bf16(sum.y * inv);
+      const uint32_t z = num::f32_to_bf16(sum.z * inv), w = num::f32_to_bf16(sum.w * inv);
+      o[tid] = make_uint2(x | (y << 16), z | (w << 16));
+      if (tid == 0) p.lse[out_row] = m_max * kLn2 + logf(l_all);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddtree::kern::attn
