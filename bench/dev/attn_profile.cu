@@ -3,11 +3,19 @@
 // per key tile in each phase (tile wait, barrier A, load issue, QK, barrier B, softmax, barrier C, PV), the
 // item prologue and epilogue per item, and the kernel time, on a few benchmark shapes (H = 8, page 64,
 // shuffled pages, bushy trees).
-// build (from the repo root): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \
+// build (from the repo root; add -DATTN_PROFILE_SM90 for the sm_90a kernel): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \
 //   kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o attn_profile
 // usage: attn_profile
+// With -DATTN_PROFILE_SM90 the sm_90a kernel instead (kernels/cuda/verify_attn_sm90.cu; its slot 13 = mask, scale
+// and row max, split out of "QK"; "softmax" is then the exp2 and P stores).
 #define DDT_ATTN_PROFILE 1
+#ifdef ATTN_PROFILE_SM90
+#include "kernels/cuda/verify_attn_sm90.cu"
+#define ATTN_ENTRY ddt_verify_attn_sm90_cuda
+#else
 #include "kernels/cuda/verify_attn_portable.cu"
+#define ATTN_ENTRY ddt_verify_attn_portable_cuda
+#endif
 
 #include <cstdio>
 #include <random>
@@ -18,8 +26,8 @@ int main() {
   constexpr int H = 8, kPage = 64;
   struct Shape { int P, T, batch; };
   std::printf("| P | T | batch | kernel us | items | tiles | prologue/item | wait | bar A | load issue | QK | bar B | "
-              "softmax | bar C | PV | sum/tile | epilogue/item |\n|");
-  for (int i = 0; i < 17; ++i) std::printf("---|");
+              "softmax | bar C | PV | mask+max | sum/tile | epilogue/item |\n|");
+  for (int i = 0; i < 18; ++i) std::printf("---|");
   std::printf("\n");
   for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}}) {
     const int keys = sh.P + sh.T, max_pages = (keys + kPage - 1) / kPage, total = sh.batch * sh.T;
@@ -64,7 +72,7 @@ int main() {
     ddt_verify_attn_portable_workspace(&prm, split_keys, &ws_bytes);
     void* ws = nullptr;
     cudaMalloc(&ws, ws_bytes + 16);
-    if (ddt_verify_attn_portable_cuda(&prm, split_keys, ws, ws_bytes, nullptr) != DDT_OK) {
+    if (ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr) != DDT_OK) {
       std::printf("launch failed\n");
       return 1;
     }
@@ -75,7 +83,7 @@ int main() {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     cudaEventRecord(e0);
-    ddt_verify_attn_portable_cuda(&prm, split_keys, ws, ws_bytes, nullptr);
+    ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0;
@@ -85,15 +93,16 @@ int main() {
     long long sum[16] = {};
     for (int b = 0; b < 4096; ++b)
       for (int k = 0; k < 16; ++k) sum[k] += prof[b][k];
+  // (slot 13 is 0 for the portable kernel)
     const double items = double(sum[9]), tiles = double(sum[10]);
-    const int slots[] = {2, 3, 4, 5, 6, 7, 8, 11};
+    const int slots[] = {2, 3, 4, 5, 6, 7, 8, 11, 13};
     double per_tile = 0;
     std::printf("| %d | %d | %d | %.1f | %.0f | %.0f | %.0f |", sh.P, sh.T, sh.batch, ms * 1e3, items, tiles, sum[1] / items);
     for (int k : slots) {
       std::printf(" %.0f |", sum[k] / tiles);
       per_tile += sum[k] / tiles;
     }
-    std::printf(" %.0f | %.0f |\n", per_tile, sum[12] / items);
+    std::printf(" %.0f | %.0f |%s\n", per_tile, sum[12] / items, sum[14] > 0 ? " (TMA)" : "");
     uint32_t st = 1;
     cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost);
     if (st != 0 || cudaGetLastError() != cudaSuccess) { std::printf("status %u / CUDA error\n", st); return 1; }

@@ -52,26 +52,6 @@
 namespace ddtree::kern::attn {
 namespace {
 
-// Dev profiling (bench/dev/attn_profile.cu defines DDT_ATTN_PROFILE): thread 0 of each CTA adds the cycles of
-// each phase to g_attn_profile[blockIdx.x][slot] (warp 0's view: a barrier slot is the time warp 0 waits for
-// the slowest warp). Compiled out otherwise.
-#ifdef DDT_ATTN_PROFILE
-__device__ long long g_attn_profile[4096][16];
-#define DDT_PROF_START(t) long long t = clock64()
-#define DDT_PROF_LAP(slot, t)                                                      \
-  do {                                                                             \
-    if (threadIdx.x == 0) {                                                        \
-      const long long now_ = clock64();                                            \
-      g_attn_profile[blockIdx.x % 4096][slot] += now_ - (t);                       \
-      (t) = now_;                                                                  \
-    }                                                                              \
-  } while (0)
-#define DDT_PROF_COUNT(slot) do { if (threadIdx.x == 0) ++g_attn_profile[blockIdx.x % 4096][slot]; } while (0)
-#else
-#define DDT_PROF_START(t) do {} while (0)
-#define DDT_PROF_LAP(slot, t) do {} while (0)
-#define DDT_PROF_COUNT(slot) do {} while (0)
-#endif
 
 // ---- config ----
 constexpr int kBM = kRowTile;          // 32 query rows (node x head, flattened) per row tile
@@ -479,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // 1. node_offsets as a whole. Malformed: no row can be attributed; every CTA poisons a grid-strided
   //    share of all rows (out NaN, lse NaN) and CTA 0 sets the status bit.
+  DDT_PROF_INIT();
   if (offsets_bad(p)) {
     fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
               num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
@@ -514,6 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
   fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
             num::kNegInf);
+  DDT_PROF_FLUSH();
 }
 
 // Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident.

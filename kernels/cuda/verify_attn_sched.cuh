@@ -20,6 +20,41 @@
 namespace ddtree::kern::attn {
 namespace {
 
+// Dev profiling of both flash kernels (bench/dev/attn_profile.cu defines DDT_ATTN_PROFILE): thread 0 of each
+// CTA adds the cycles of each phase to per-CTA accumulators in shared memory (warp 0's view: a barrier slot is
+// the time warp 0 waits for the slowest warp), added to g_attn_profile[blockIdx.x] at the kernel's end (a
+// global read-modify-write per stamp would stall warp 0 for an L2 round trip inside the phase it measures).
+// Compiled out otherwise.
+#ifdef DDT_ATTN_PROFILE
+__device__ long long g_attn_profile[4096][16];
+__device__ __forceinline__ long long* prof_acc() {
+  __shared__ long long acc[16];
+  return acc;
+}
+#define DDT_PROF_INIT() do { if (threadIdx.x < 16) prof_acc()[threadIdx.x] = 0; } while (0)  // before a barrier
+#define DDT_PROF_FLUSH()                                                                     \
+  do {                                                                                       \
+    __syncthreads();                                                                         \
+    if (threadIdx.x < 16) g_attn_profile[blockIdx.x % 4096][threadIdx.x] += prof_acc()[threadIdx.x]; \
+  } while (0)
+#define DDT_PROF_START(t) long long t = clock64()
+#define DDT_PROF_LAP(slot, t)              \
+  do {                                     \
+    if (threadIdx.x == 0) {                \
+      const long long now_ = clock64();    \
+      prof_acc()[slot] += now_ - (t);      \
+      (t) = now_;                          \
+    }                                      \
+  } while (0)
+#define DDT_PROF_COUNT(slot) do { if (threadIdx.x == 0) ++prof_acc()[slot]; } while (0)
+#else
+#define DDT_PROF_INIT() do {} while (0)
+#define DDT_PROF_FLUSH() do {} while (0)
+#define DDT_PROF_START(t) do {} while (0)
+#define DDT_PROF_LAP(slot, t) do {} while (0)
+#define DDT_PROF_COUNT(slot) do {} while (0)
+#endif
+
 constexpr int kWarps = 8;              // both flash kernels and the combine run 256-thread CTAs
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;

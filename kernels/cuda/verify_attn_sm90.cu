@@ -30,11 +30,14 @@
 //    (verify_attn_sched.cuh; persistent CTAs over items numbered request-major, then split, then row tile).
 // Compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): other targets get an empty kernel and the launcher
 // refuses devices other than compute capability 9.0.
+#include <cuda.h>  // CUtensorMap (types only: encoded through the runtime's driver entry point)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "kernels/common/validate.h"
 #include "kernels/common/verify_attn_index.h"
@@ -78,6 +81,26 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// mbarrier (shared::cta) and the bulk tensor copy (TMA) completing on it.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// One [64 rows][64 bf16] box of the KV tensor map at (dim x, row y) into 128B-swizzled shared memory.
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous region.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
@@ -126,14 +149,23 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[128], uint64_t
 
 // One work item: rows [64 t, 64 t + 64) of request r against its split's key range. base: the 1024-aligned
 // shared-memory window (generic pointer), red: [2 warpgroups][64 rows] f32 exchange.
+// TMA path (on: page_size and split_keys multiples of 64): thread 0 loads each tile as 9 boxes through the
+// kv_map completing on full[buf]; phase: bit b = the parity of buffer b's next completion (kept across items).
+struct Tma {
+  const CUtensorMap* map;
+  uint32_t full;  // shared address of the two mbarriers (8 bytes each)
+  bool on;
+};
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
-                             float* red, float* ws_o, float* ws_ml) {
+                             float* red, float* ws_o, float* ws_ml, const Tma& tma, uint32_t& phase) {
 #if DDT_SM90_BODY
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
   const int H = p.heads;
   const float nan = num::bits_f32(0x7FC00000u);
   __syncthreads();  // the previous item is done with every shared buffer
+  DDT_PROF_START(tp);
+  DDT_PROF_COUNT(9);
 
   const Request q = make_request(p, item.r);
   const int64_t n_rows = int64_t(q.nodes) * H;
@@ -149,22 +181,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   const int64_t kb = is_split ? int64_t(split) * split_keys : 0;
   const int64_t ke = is_split ? min(q.keys, kb + split_keys) : q.keys;
 
-  // 1. Scalars and the pages of the key range (as the portable kernel).
-  bool bad = !shape_ok;
-  if (!bad && ke > kb) {
-    const int64_t pg0 = kb / p.page_size, pg1 = (ke + p.page_size - 1) / p.page_size;
-    for (int64_t k = pg0 + tid; k < pg1; k += kThreads) bad |= !page_ok(p, q, k);
-  }
-  if (__syncthreads_or(bad)) {
-    if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
-    if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
-    else for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
-    return;
-  }
-
   const uint32_t sbase = smem_u32(base);
   const uint32_t sq = sbase + kOffQ, sphi = sbase + kOffPHi, splo = sbase + kOffPLo;
-  // 2. Q: the latent part into shared memory (16 chunks per thread, rows past the request zero-filled), the
+  // Q: the latent part into shared memory (16 chunks per thread, rows past the request zero-filled), the
   //    rope part as A fragments: qr[s] = rows 16 wv + g (+ 8), dims 512 + 16 s + 2 c (+ 8).
   {
     const uint16_t* qrow = p.q + (row0 + tile_row0) * kDimQK;
@@ -193,22 +212,54 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
   }
 
-  // KV loader: key row lr = tid / 4 of the tile, chunks (tid & 3) + 4 i, i < 18. Its slot's source row is
-  // looked up one tile ahead.
+  // 1. Scalars and the pages of the key range (as the portable kernel; Q's loads above are already in flight,
+  //    their rows exist whatever the request's other scalars say).
+  bool bad = !shape_ok;
+  if (!bad && ke > kb) {
+    const int64_t pg0 = kb / p.page_size, pg1 = (ke + p.page_size - 1) / p.page_size;
+    for (int64_t k = pg0 + tid; k < pg1; k += kThreads) bad |= !page_ok(p, q, k);
+  }
+  if (__syncthreads_or(bad)) {
+    cp_async_wait_all();  // Q's copies land before the next item reuses the buffer
+    if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
+    if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
+    else for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
+    return;
+  }
+
+  // KV loader: key row lr = tid / 4 of the tile, chunks (tid & 3) + 4 i, i < 18. Where its slot lives is
+  // looked up one tile ahead (SlotRef: the page-table load is issued a tile before its value is used, so
+  // issuing never waits on it; consuming it at once costs ~1.4k cycles per tile). Thread 0's SlotRef (row 0)
+  // also gives the TMA path its tile's first row.
   const int lr = tid >> 2, lc = tid & 3;
   const int64_t ntiles = (ke - kb + kKeys - 1) / kKeys;
-  auto slot_src = [&](int64_t kt) -> const uint16_t* {  // null: past the key range (zero-fill)
-    const int64_t j = kb + kt * kKeys + lr;
-    if (kt >= ntiles || j >= ke) return nullptr;
-    return p.kv_cache + kv_row_offset(p, q, j);
+  struct SlotRef {
+    int64_t page;  // physical page (loaded, not yet consumed)
+    uint32_t off;  // slot within the page
+    bool in;       // a key of the range (else zero-filled)
   };
-  auto load_tile = [&](const uint16_t* src, int buf) {
+  auto slot_ref = [&](int64_t kt) {
+    SlotRef r;
+    const int64_t j = kb + kt * kKeys + lr;
+    r.in = kt < ntiles && j < ke;
+    int64_t lpage;
+    if (j <= 0x7FFFFFFF) {  // 32-bit division (a 64-bit one is a long software routine on the GPU)
+      lpage = uint32_t(j) / uint32_t(p.page_size);
+      r.off = uint32_t(j) - uint32_t(lpage) * uint32_t(p.page_size);
+    } else {
+      lpage = j / p.page_size;
+      r.off = uint32_t(j % p.page_size);
+    }
+    r.page = r.in ? page_entry(p, q, lpage) : 0;
+    return r;
+  };
+  auto load_tile = [&](const SlotRef& r, int buf) {
     const uint32_t dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
+    const uint16_t* src = p.kv_cache + (r.page * p.page_size + r.off) * kDimQK;  // = kv_row_offset when in
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
       const int ch = lc + 4 * i;
-      cp_async16(dst + uint32_t((ch >> 3) * kBox) + sw128_off(lr, ch & 7), src ? src + ch * 8 : p.kv_cache,
-                 src ? 16 : 0);
+      cp_async16(dst + uint32_t((ch >> 3) * kBox) + sw128_off(lr, ch & 7), src + ch * 8, r.in ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -226,35 +277,76 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
-  load_tile(slot_src(0), 0);
-  const uint16_t* next_src = slot_src(1);
+  // TMA: tile kt's 64 keys lie in one page (page_size and the range start are multiples of 64), from row
+  // page x page_size + off of the [slots][576] tensor (thread 0's SlotRef). Rows past ke hold whatever the
+  // page has (possibly NaN poison): they are zeroed in shared memory after the copy lands.
+  auto tma_tile = [&](const SlotRef& r, int buf) {
+    const uint32_t bar = tma.full + 8u * uint32_t(buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
+    const int y = int(r.page * p.page_size + r.off);
+    mbar_expect_tx(bar, uint32_t(kKvBytes));
+#pragma unroll 1
+    for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), tma.map, 64 * b, y, bar);
+  };
+  if (tma.on) {
+    DDT_PROF_COUNT(14);
+    if (tid == 0) tma_tile(slot_ref(0), 0);
+  } else {
+    load_tile(slot_ref(0), 0);
+  }
+  SlotRef next = slot_ref(1);
+  DDT_PROF_LAP(1, tp);  // item prologue: scalars, page checks, Q issued, first tile issued
 #pragma unroll 1
   for (int64_t it = 0; it < ntiles; ++it) {
     const int buf = int(it & 1);
     const int64_t k0 = kb + it * kKeys;  // absolute key of the tile's row 0
-    cp_async_wait_all();
+    DDT_PROF_COUNT(10);
+    if (tma.on) {
+      if (it == 0) cp_async_wait_all();  // Q
+      mbar_wait(tma.full + 8u * uint32_t(buf), (phase >> buf) & 1u);
+      phase ^= 1u << buf;
+      const int64_t past = k0 + kKeys - ke;  // rows [64 - past, 64) lie past the key range: zero them
+      if (past > 0) {
+        unsigned char* kvb = base + kOffKv + buf * kKvBytes;
+        const int first = kKeys - int(past);
+        for (int i = tid; i < int(past) * 72; i += kThreads) {
+          const int r = first + i / 72, ch = i % 72;
+          *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    } else {
+      cp_async_wait_all();
+    }
     fence_proxy_async();
+    DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
     __syncthreads();  // (A) tile `it` (and Q) visible; every warp is done with tile it - 1, P and red
-    if (it + 1 < ntiles) load_tile(next_src, buf ^ 1);
-    next_src = slot_src(it + 2);
+    DDT_PROF_LAP(3, tp);
+    if (tma.on) {
+      if (tid == 0 && it + 1 < ntiles) tma_tile(next, buf ^ 1);
+    } else if (it + 1 < ntiles) {
+      load_tile(next, buf ^ 1);
+    }
+    if (it + 2 < ntiles && (!tma.on || tid == 0)) next = slot_ref(it + 2);  // used a tile from now
+    DDT_PROF_LAP(4, tp);  // next tile's loads issued
     const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
 
     // S = Q K_w^T, keys [32 wg, 32 wg + 32) of the tile.
     float s[16];
     reg_fence(s);
     wgmma_fence();
+    // Descriptors: the base ones plus compile-time (offset >> 4) steps (addresses stay below 256 KB, so the
+    // 14-bit start field never carries).
+    const uint64_t dq0 = sw128_desc(sq, 16, 1024), dk0 = sw128_desc(skv + uint32_t(wg * 4096), 16, 1024);
 #pragma unroll
     for (int st = 0; st < 32; ++st) {
-      const uint32_t off = uint32_t((st >> 2) * kBox + (st & 3) * 32);
-      wgmma_m64n32k16_ss(s, sw128_desc(sq + off, 16, 1024), sw128_desc(skv + off + uint32_t(wg * 4096), 16, 1024),
-                         st > 0);
+      const uint64_t off = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
+      wgmma_m64n32k16_ss(s, dq0 + off, dk0 + off, st > 0);
     }
 #pragma unroll
-    for (int st = 0; st < 4; ++st)
-      wgmma_m64n32k16_rs(s, qr[st], sw128_desc(skv + uint32_t(8 * kBox + wg * 4096 + st * 32), 16, 1024), 1);
+    for (int st = 0; st < 4; ++st) wgmma_m64n32k16_rs(s, qr[st], dk0 + uint64_t((8 * kBox + st * 32) >> 4), 1);
     wgmma_commit();
     wgmma_wait_all();
     reg_fence(s);
+    DDT_PROF_LAP(5, tp);  // S (warp 0's warpgroup)
 
     // Scale and mask: element (row, key) with key = k0 + 32 wg + 8 j + 2 c + e.
     const int64_t kw = k0 + 32 * wg + 2 * c;
@@ -287,7 +379,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       red[wg * kRows + ra] = mxa;
       red[wg * kRows + rb] = mxb;
     }
+    DDT_PROF_LAP(13, tp);  // mask, scale, row max
     __syncthreads();  // (B) both warpgroups' row maxima
+    DDT_PROF_LAP(6, tp);
     // The same max in both warpgroups (the two halves in a fixed order).
     const float ma_new = fmaxf(m_a, fmaxf(red[ra], red[kRows + ra]));
     const float mb_new = fmaxf(m_b, fmaxf(red[rb], red[kRows + rb]));
@@ -319,7 +413,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
     fence_proxy_async();
+    DDT_PROF_LAP(7, tp);  // exp2, P hi / lo stores
     __syncthreads();  // (C) P complete
+    DDT_PROF_LAP(8, tp);
 
     // O_w = alpha O_w + P_hi V_w + P_lo V_w.
 #pragma unroll
@@ -331,16 +427,18 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
     reg_fence(acc);
     wgmma_fence();
-    const uint32_t sv = skv + uint32_t(4 * wg * kBox);
+    const uint64_t dv0 = sw128_desc(skv + uint32_t(4 * wg * kBox), kBox, 1024);
+    const uint64_t dphi = sw128_desc(sphi, 16, 1024), dplo = sw128_desc(splo, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks)
-      wgmma_m64n256k16_ss_tb(acc, sw128_desc(sphi + ks * 32, 16, 1024), sw128_desc(sv + ks * 2048, kBox, 1024), 1);
+      wgmma_m64n256k16_ss_tb(acc, dphi + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks)
-      wgmma_m64n256k16_ss_tb(acc, sw128_desc(splo + ks * 32, 16, 1024), sw128_desc(sv + ks * 2048, kBox, 1024), 1);
+      wgmma_m64n256k16_ss_tb(acc, dplo + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
     wgmma_commit();
     wgmma_wait_all();
     reg_fence(acc);
+    DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
   // Row sums: the quad's shares, then the two warpgroups' in a fixed order (through red).
@@ -387,18 +485,29 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       }
     }
   }
+  DDT_PROF_LAP(12, tp);  // epilogue
 #endif
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml) {
+    verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
+                            const __grid_constant__ CUtensorMap kv_map, int use_tma) {
 #if DDT_SM90_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ Item s_list[kMaxItemsPerCta];
   __shared__ float red[2 * kRows];
+  __shared__ __align__(8) uint64_t full[2];
+  const Tma tma{&kv_map, smem_u32(full), use_tma != 0};
+  uint32_t phase = 0;
+  if (threadIdx.x == 0 && tma.on) {  // made visible to all threads by offsets_bad's barrier
+    mbar_init(tma.full, 1);
+    mbar_init(tma.full + 8, 1);
+    mbar_init_fence();
+  }
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int tid = threadIdx.x;
   const int H = p.heads;
+  DDT_PROF_INIT();
   if (offsets_bad(p)) {
     fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
               num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
@@ -422,12 +531,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int k = 0; k < kMaxItemsPerCta; ++k) {
       const Item item = s_list[k];
       if (item.r < 0) break;
-      process_item(p, split_keys, item, base, red, ws_o, ws_ml);
+      process_item(p, split_keys, item, base, red, ws_o, ws_ml, tma, phase);
     }
   }
   const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
   fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
             num::kNegInf);
+  DDT_PROF_FLUSH();
 #endif
 }
 
@@ -466,6 +576,31 @@ DeviceInfo device_info() {
   return info[dev] = {1, occ * sms, occ2 * sms};
 }
 
+// The KV cache as a 2D tensor [slots][576] bf16 for TMA: boxes of 64 rows x 64 dims, 128-byte swizzle (the
+// layout wgmma reads). False when the driver entry point or the encoding is unavailable (the launcher then
+// takes the cp.async path, which loads the same bytes into the same layout). DDTREE_SM90_TMA=0 forces that.
+bool encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const char* e = std::getenv("DDTREE_SM90_TMA");
+    if (e && e[0] == '0') return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(kDimQK), cuuint64_t(p.num_pages) * cuuint64_t(p.page_size)};
+  const cuuint64_t strides[1] = {cuuint64_t(kDimQK) * 2};
+  const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.kv_cache), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace
 }  // namespace ddtree::kern::attn
 
@@ -497,7 +632,13 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   float* ws_o = static_cast<float*>(workspace);
   float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml);
+  // TMA when every tile's 64 keys lie in one page: page_size and split_keys multiples of 64 (tiles start at
+  // multiples of 64), and row coordinates within int32.
+  CUtensorMap map{};
+  const bool tma = p->page_size % 64 == 0 && split_keys % 64 == 0 &&
+                   int64_t(p->num_pages) * p->page_size <= int64_t(INT32_MAX) && attn::encode_kv_map(&map, *p);
+  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml,
+                                                                                         map, tma ? 1 : 0);
   DDT_CUDA_LAUNCHED();
   if (b.combine_items > 0) {  // some request may split
     const int64_t grid2 = std::max<int64_t>(1, std::min<int64_t>(b.combine_items, dev.combine_ctas));

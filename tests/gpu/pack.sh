@@ -17,5 +17,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
     kernels/cpu/topk_cpu.cpp kernels/cpu/tree_build_cpu.cpp -o .gpu-carry/tree_profile
   nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu kernels/common/validate.cpp \
     kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile
+  nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 -DATTN_PROFILE_SM90 -Ikernels/include -I. \
+    bench/dev/attn_profile.cu kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile_sm90
 fi
 du -sh .gpu-carry
