@@ -118,6 +118,16 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
 // Byte offset of 16-byte chunk c (0..7) of row r in a 128B-swizzled box.
 __device__ __forceinline__ uint32_t sw128_off(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
+// Bit i = ancestor bit t0 + i of a vis row of W words (0 where t0 + i lies outside [0, 64 W)).
+__device__ __forceinline__ uint64_t vis_window(const uint64_t* row, int W, int64_t t0) {
+  if (t0 <= -64) return 0;
+  if (t0 < 0) return W > 0 ? row[0] << (-t0) : 0;
+  const int64_t w = t0 >> 6;
+  const int sh = int(t0 & 63);
+  const uint64_t lo = w < W ? row[w] : 0, hi = w + 1 < W ? row[w + 1] : 0;
+  return sh ? (lo >> sh) | (hi << (64 - sh)) : lo;
+}
+
 // wgmma.mma_async wrappers. D: 64 x N f32, thread (warp v of the warpgroup, lane g * 4 + c) holds
 // d[4 j + 0, 1] = rows 16 v + g, cols 8 j + 2 c, + 1 and d[4 j + 2, 3] = row 16 v + g + 8, same cols.
 // scale_d = 0: D = A B (the accumulator's old values ignored). The operand lists are written out (generated).
@@ -234,7 +244,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   const int lr = tid >> 2, lc = tid & 3;
   const int64_t ntiles = (ke - kb + kKeys - 1) / kKeys;
   struct SlotRef {
-    int64_t page;  // physical page (loaded, not yet consumed)
+    int32_t page;  // physical page as loaded (not consumed until the tile is issued: widening it to 64 bits
+                   // at once, as page_entry does, stalls for the load, ~1.5k cycles per tile)
     uint32_t off;  // slot within the page
     bool in;       // a key of the range (else zero-filled)
   };
@@ -250,12 +261,15 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       lpage = j / p.page_size;
       r.off = uint32_t(j % p.page_size);
     }
-    r.page = r.in ? page_entry(p, q, lpage) : 0;
+    // Unconditional load of an entry that exists (clamped): a select on the loaded value would consume it at
+    // once and stall for the load.
+    r.page = p.page_table[int64_t(q.r) * p.max_pages + (lpage < q.pages ? lpage : q.pages - 1)];
     return r;
   };
   auto load_tile = [&](const SlotRef& r, int buf) {
     const uint32_t dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
-    const uint16_t* src = p.kv_cache + (r.page * p.page_size + r.off) * kDimQK;  // = kv_row_offset when in
+    const int64_t page = r.in ? int64_t(r.page) : 0;  // (an entry past the range may be anything)
+    const uint16_t* src = p.kv_cache + (page * p.page_size + r.off) * kDimQK;  // = kv_row_offset when in
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
       const int ch = lc + 4 * i;
@@ -282,7 +296,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   // page has (possibly NaN poison): they are zeroed in shared memory after the copy lands.
   auto tma_tile = [&](const SlotRef& r, int buf) {
     const uint32_t bar = tma.full + 8u * uint32_t(buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
-    const int y = int(r.page * p.page_size + r.off);
+    const int y = int(int64_t(r.page) * p.page_size + r.off);
     mbar_expect_tx(bar, uint32_t(kKvBytes));
 #pragma unroll 1
     for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), tma.map, 64 * b, y, bar);
@@ -348,26 +362,28 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     reg_fence(s);
     DDT_PROF_LAP(5, tp);  // S (warp 0's warpgroup)
 
-    // Scale and mask: element (row, key) with key = k0 + 32 wg + 8 j + 2 c + e.
-    const int64_t kw = k0 + 32 * wg + 2 * c;
-    const bool all_prefix = k0 + kKeys <= q.prefix && k0 + kKeys <= ke;
+    // Scale and mask: element (row, key) with key = k0 + 32 wg + 8 j + 2 c + e. The tile's visible keys as
+    // 64-bit masks per row (bit i: key k0 + i): all ones inside the prefix; else prefix bits | the row's
+    // ancestor bits shifted into place (two vis words, loaded together), cut at the range end.
+    uint64_t vm_a = ~uint64_t(0), vm_b = ~uint64_t(0);
+    if (!(k0 + kKeys <= q.prefix && k0 + kKeys <= ke)) {
+      const int64_t t0 = k0 - q.prefix, n_in = ke - k0;  // tree index of the tile's key 0; range keys in the tile
+      const uint64_t in_mask = n_in >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_in) - 1;
+      const uint64_t pre_mask = t0 >= 0 ? 0 : (t0 <= -64 ? ~uint64_t(0) : (uint64_t(1) << -t0) - 1);
+      vm_a = ((va ? vis_window(vis_a, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+      vm_b = ((vb ? vis_window(vis_b, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+    }
+    const uint32_t vis_wa = uint32_t(vm_a >> (32 * wg)), vis_wb = uint32_t(vm_b >> (32 * wg));  // this WG's keys
     float mxa = num::kNegInf, mxb = num::kNegInf;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int64_t key = kw + 8 * j + e;
-        bool vis_ka = all_prefix, vis_kb = all_prefix;
-        if (!all_prefix) {
-          const bool in = key < ke, pre = key < q.prefix;
-          const int64_t bnode = key - q.prefix;
-          vis_ka = in && (pre || (va && ((vis_a[bnode >> 6] >> (bnode & 63)) & 1u)));
-          vis_kb = in && (pre || (vb && ((vis_b[bnode >> 6] >> (bnode & 63)) & 1u)));
-        }
+        const int bit = 8 * j + 2 * c + e;
         float& xa = s[4 * j + e];
         float& xb = s[4 * j + 2 + e];
-        xa = vis_ka ? xa * scale_log2 : num::kNegInf;
-        xb = vis_kb ? xb * scale_log2 : num::kNegInf;
+        xa = (vis_wa >> bit) & 1u ? xa * scale_log2 : num::kNegInf;
+        xb = (vis_wb >> bit) & 1u ? xb * scale_log2 : num::kNegInf;
         mxa = fmaxf(mxa, xa);
         mxb = fmaxf(mxb, xb);
       }

@@ -41,8 +41,9 @@ if [ "${SKIP_ATTN:-0}" != 1 ]; then
       i=$((i + 1))
       TAIL=30 step "bench_verify_attn_v$i" "$c/bench_verify_attn" $args
     done
-    # The portable kernel against a PyTorch implementation in the same process (TORCH_BENCH_ARGS=--full).
-    TAIL=30 step bench_verify_attn_torch python3 bench/bench_verify_attn_torch.py ${TORCH_BENCH_ARGS:-}
+    # The portable kernel against a PyTorch implementation in the same process (TORCH_BENCH_ARGS=--full;
+    # SKIP_TORCH_BENCH=1 skips it).
+    [ "${SKIP_TORCH_BENCH:-0}" = 1 ] || TAIL=30 step bench_verify_attn_torch python3 bench/bench_verify_attn_torch.py ${TORCH_BENCH_ARGS:-}
   fi
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | sed 's/^/after: /' | tee -a "$out/gpu.txt"
