@@ -95,6 +95,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// Brings the tensor map (a kernel parameter) into the TMA unit's descriptor cache before its first use.
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 // One [64 rows][64 bf16] box of the KV tensor map at (dim x, row y) into 128B-swizzled shared memory.
 __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
   asm volatile(
@@ -519,6 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(tma.full, 1);
     mbar_init(tma.full + 8, 1);
     mbar_init_fence();
+    tma_prefetch_map(tma.map);
   }
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int tid = threadIdx.x;
