@@ -1,7 +1,6 @@
 // Dev harness (not shipped): where the portable verify-attention kernel's time goes, from clock64 stamps
 // compiled into a private copy of kernels/cuda/verify_attn_portable.cu (DDT_ATTN_PROFILE): warp 0's cycles
-// per key tile in each phase (tile wait, barrier A, load issue, QK, barrier B, softmax, barrier C, PV; for the sm_90a
-// kernel "load issue" = issuing S and then the next tile's loads, "QK" = waiting for S), the
+// per key tile in each phase (tile wait, barrier A, load issue, QK, barrier B, softmax, barrier C, PV), the
 // item prologue and epilogue per item, and the kernel time, on a few benchmark shapes (H = 8, page 64,
 // shuffled pages, bushy trees).
 // build (from the repo root; add -DATTN_PROFILE_SM90 for the sm_90a kernel): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \

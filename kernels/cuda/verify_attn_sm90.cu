@@ -338,6 +338,13 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
     __syncthreads();  // (A) tile `it` (and Q) visible; every warp is done with tile it - 1, P and red
     DDT_PROF_LAP(3, tp);
+    if (tma.on) {
+      if (tid == 0 && it + 1 < ntiles) tma_tile(next, buf ^ 1);
+    } else if (it + 1 < ntiles) {
+      load_tile(next, buf ^ 1);
+    }
+    if (it + 2 < ntiles && (!tma.on || tid == 0)) next = slot_ref(it + 2);  // used a tile from now
+    DDT_PROF_LAP(4, tp);  // next tile's loads issued
     const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
 
     // S = Q K_w^T, keys [32 wg, 32 wg + 32) of the tile.
@@ -355,19 +362,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #pragma unroll
     for (int st = 0; st < 4; ++st) wgmma_m64n32k16_rs(s, qr[st], dk0 + uint64_t((8 * kBox + st * 32) >> 4), 1);
     wgmma_commit();
-    // The next tile's loads are issued while the tensor cores run S (issuing them first held warp 0, and at
-    // the next barrier the whole CTA, ~1.5k cycles per tile: the TMA / LSU queues take them slowly). Its
-    // buffer was freed by barrier A; S reads the other one.
-    if (tma.on) {
-      if (tid == 0 && it + 1 < ntiles) tma_tile(next, buf ^ 1);
-    } else if (it + 1 < ntiles) {
-      load_tile(next, buf ^ 1);
-    }
-    if (it + 2 < ntiles && (!tma.on || tid == 0)) next = slot_ref(it + 2);  // used a tile from now
-    DDT_PROF_LAP(4, tp);  // S issued, next tile's loads issued
     wgmma_wait_all();
     reg_fence(s);
-    DDT_PROF_LAP(5, tp);  // S complete (warp 0's warpgroup)
+    DDT_PROF_LAP(5, tp);  // S (warp 0's warpgroup)
 
     // Scale and mask: element (row, key) with key = k0 + 32 wg + 8 j + 2 c + e. The tile's visible keys as
     // 64-bit masks per row (bit i: key k0 + i): all ones inside the prefix; else prefix bits | the row's
