@@ -315,11 +315,12 @@ TEST(VerifyAttnCpu, Bf16Conversions) {
   }
 }
 
-// The portable kernel's work split (kernels/common/verify_attn_split.h), checked here because the grid
-// and the workspace are sized from it on the host: for random capacities, split lengths and requests inside
-// the capacities, every plan covers its key tiles exactly with cuts at absolute multiples of split_keys, and
-// the per-request sums never exceed the capacity bounds (a miss would be a lost work item or a workspace
-// overrun on the GPU).
+// The flash kernels' work split (kernels/common/verify_attn_split.h), checked here because the grid and the
+// workspace are sized from it on the host: for random capacities, split lengths and requests inside the
+// capacities, every plan covers its key tiles exactly with cuts at absolute multiples of split_keys, and the
+// per-request sums never exceed the capacity bounds (a miss would be a lost work item or a workspace overrun
+// on the GPU). The sm_90a kernel plans with 64-row tiles against the same bounds and the same combine (whose
+// counts use the 32-row plan): its split counts must equal the portable plan's, its items fit the bound.
 TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds) {
   using namespace ddtree::kern::attn;
   std::mt19937_64 rng(67);
@@ -335,14 +336,16 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
     p.total_nodes = int(rng() % (p.batch * 80 + 1));
     const int64_t max_keys = int64_t(p.max_pages) * p.page_size;
     const Bounds b = capacity_bounds(p, S);
-    int64_t items = 0, partial_rows = 0, nodes_left = p.total_nodes;
+    int64_t items = 0, items64 = 0, partial_rows = 0, nodes_left = p.total_nodes;
     for (int r = 0; r < p.batch; ++r) {
       const int64_t n = (rng() % 4 == 0) ? nodes_left : int64_t(rng() % (nodes_left + 1));
       nodes_left -= n;
       const int64_t rows = n * p.heads;
       if (n > max_keys || rng() % 10 == 0) {  // an invalid request (bad scalars): one item per row tile
         items += split_plan(0, rows, S).row_tiles;
+        items64 += split_plan(0, rows, S, 64).row_tiles;
         ASSERT_EQ(split_plan(0, rows, S).splits, 1);
+        ASSERT_EQ(split_plan(0, rows, S, 64).splits, 1);
         continue;
       }
       const int64_t keys = n + int64_t(rng() % (max_keys - n + 1));
@@ -361,8 +364,13 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
         ASSERT_TRUE(S == 0 || keys <= S || rows == 0);
       }
       items += int64_t(s.row_tiles) * s.splits;
+      const SplitPlan s64 = split_plan(keys, rows, S, 64);
+      ASSERT_EQ(s64.splits, s.splits) << "the sm_90a plan splits where the portable one does";
+      ASSERT_EQ(s64.row_tiles, (rows + 63) / 64);
+      items64 += int64_t(s64.row_tiles) * s64.splits;
     }
     ASSERT_LE(items, b.items) << "trial " << trial;
+    ASSERT_LE(items64, b.items) << "trial " << trial << " (sm_90a plan)";
     ASSERT_LE(partial_rows, b.partial_rows) << "trial " << trial;
     size_t bytes = 0;
     ASSERT_EQ(ddt_verify_attn_portable_workspace(&p, S, &bytes), DDT_OK);
