@@ -533,17 +533,7 @@ DeviceInfo device_info() {
 extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
                                              size_t workspace_bytes, void* stream) {
   using namespace ddtree::kern;
-  if (int rc = validate(p)) return rc;
-  size_t need = 0;
-  if (int rc = ddt_verify_attn_portable_workspace(p, split_keys, &need)) return rc;
-  if (need > 0 && !workspace)
-    return fail(DDT_ERR_NULL, "verify_attn_portable: workspace is null (ddt_verify_attn_portable_workspace: " +
-                                  std::to_string(need) + " bytes)");
-  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
-    return fail(DDT_ERR_ALIGN, "verify_attn_portable: workspace must be 16-byte aligned");
-  if (workspace_bytes < need)
-    return fail(DDT_ERR_SHAPE, "verify_attn_portable: workspace_bytes " + std::to_string(workspace_bytes) + " < " +
-                                   std::to_string(need) + " needed for these capacities");
+  if (int rc = attn::check_flash_call(p, split_keys, workspace, workspace_bytes, "verify_attn_portable")) return rc;
   if (p->total_nodes == 0) return DDT_OK;  // no row to write (batch > 0 then needs off[batch] = 0 anyway)
   const attn::DeviceInfo dev = attn::device_info();
   if (!dev.ok)
@@ -559,10 +549,5 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   attn::verify_attn_portable_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
                                                                                              ws_ml);
   DDT_CUDA_LAUNCHED();
-  if (b.combine_items > 0) {  // some request may split
-    const int64_t grid2 = std::max<int64_t>(1, std::min<int64_t>(b.combine_items, dev.combine_ctas));
-    attn::verify_attn_combine_kernel<<<unsigned(grid2), attn::kThreads, 0, s>>>(*p, split_keys, ws_o, ws_ml);
-    DDT_CUDA_LAUNCHED();
-  }
-  return DDT_OK;
+  return attn::launch_combine(*p, split_keys, b, dev.combine_ctas, ws_o, ws_ml, s);
 }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/numerics.h"
@@ -253,6 +254,36 @@ __global__ void __launch_bounds__(kThreads)
       if (tid == 0) p.lse[out_row] = m_max * kLn2 + logf(l_all);
     }
   }
+}
+
+// ---- host side, shared by the two flash launchers ----
+// Arguments, split_keys and the caller's workspace against what these capacities need (ddtree/kernels.h
+// section 4). DDT_OK or the error code, with its message recorded (name: the entry point, for the message).
+inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, const void* workspace,
+                            size_t workspace_bytes, const char* name) {
+  if (int rc = validate(p)) return rc;
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_portable_workspace(p, split_keys, &need)) return rc;
+  const std::string who = name;
+  if (need > 0 && !workspace)
+    return fail(DDT_ERR_NULL, who + ": workspace is null (ddt_verify_attn_portable_workspace: " +
+                                  std::to_string(need) + " bytes)");
+  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return fail(DDT_ERR_ALIGN, who + ": workspace must be 16-byte aligned");
+  if (workspace_bytes < need)
+    return fail(DDT_ERR_SHAPE, who + ": workspace_bytes " + std::to_string(workspace_bytes) + " < " +
+                                   std::to_string(need) + " needed for these capacities");
+  return DDT_OK;
+}
+
+// The combine launch after a flash kernel (when the capacities allow a split: some request may split).
+inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const Bounds& b, int combine_ctas,
+                          float* ws_o, float* ws_ml, cudaStream_t s) {
+  if (b.combine_items == 0) return DDT_OK;
+  const int64_t grid = b.combine_items < combine_ctas ? b.combine_items : combine_ctas;
+  verify_attn_combine_kernel<<<unsigned(grid > 0 ? grid : 1), kThreads, 0, s>>>(p, split_keys, ws_o, ws_ml);
+  DDT_CUDA_LAUNCHED();
+  return DDT_OK;
 }
 
 }  // namespace
