@@ -67,7 +67,7 @@ constexpr int kSmemBytes = kSmemUsed + 1024;        // + alignment slack of the 
 static_assert(kSmemBytes + kMaxItemsPerCta * 12 + 1024 <= 232448, "sm_90: at most 227 KB of shared memory per CTA");
 static_assert(kThreads == 256 && kRows * 4 == kThreads, "KV loader: 4 threads per key row, 18 chunks each");
 static_assert(kDimQK == 576 && kDimV == 512, "tiling assumes 512 latent + 64 rope dims");
-static_assert(kSmemUsed >= 2 * kThreads * 4, "the request scan fits the P buffers");
+static_assert(2 * kPBytes >= 2 * kThreads * 4, "the request scan (2 x 256 int) fits the P buffers");
 
 // ---- PTX wrappers (sm_90a) ----
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }

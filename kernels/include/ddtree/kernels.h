@@ -218,7 +218,9 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  *   - for each request with N_r >= 1: P_r >= 0, N_r <= 64 * vis_words, P_r + N_r <= max_pages * page_size,
  *     and every page index it needs (page_table[r * max_pages + k] for k < ceil((P_r + N_r) / page_size)) in
  *     [0, num_pages); otherwise that request's rows (only) are NaN. Unused page-table entries, pages and
- *     slots beyond P_r + N_r are never read (they may hold anything, NaN included).
+ *     slots beyond P_r + N_r never reach a result (they may hold anything, NaN included): no kernel reads
+ *     them, except that the sm_90a kernel's TMA path copies whole 64-slot blocks of the request's own last
+ *     page and zeroes the slots past P_r + N_r in shared memory before any use.
  * Host-visible checks (return codes, nothing launched): null pointers (DDT_ERR_NULL), alignment
  * (DDT_ERR_ALIGN: q, kv_cache, out 16 bytes; vis 8; the rest 4), batch / total_nodes / heads / page_size /
  * max_pages / num_pages / vis_words ranges (DDT_ERR_SHAPE), softmax_scale finite and > 0 (DDT_ERR_VALUE).
@@ -227,7 +229,7 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  * reference/mla-verify-attention.md (in practice within 1 bf16 ulp), not bitwise. A row's result does not depend on the
  * other rows of the batch (batch invariance: every kernel). The CPU twin and the oracle visit keys in a fixed order
  * of their absolute slot, so with them a chain node i gives bitwise the result of decoding a single node at
- * prefix P_r + i; the portable kernel too, for a given split_keys (below). */
+ * prefix P_r + i; the portable and sm_90a kernels too, for a given split_keys (below). */
 #define DDT_ATTN_DIM_QK 576  /* per query / cache row: 512 latent (c_kv, absorbed q_nope) + 64 rope */
 #define DDT_ATTN_DIM_V 512   /* output row: the latent part */
 #define DDT_ATTN_MAX_HEADS 256
