@@ -446,7 +446,6 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 __global__ void __launch_bounds__(kThreads, 1)
     verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml) {
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ Item s_list[kMaxItemsPerCta];
   Smem sm;
   sm.kv = smem;
   sm.sp = reinterpret_cast<float*>(smem + kSmemKv);
@@ -454,48 +453,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm.p_lo = sm.p_hi + kBM * kPStride;
   sm.alpha = reinterpret_cast<float*>(smem + kSmemKv + kSmemSp + kSmemP);
   sm.inv_l = sm.alpha + kBM;
-  const int tid = threadIdx.x;
-  const int H = p.heads;
-
-  // 1. node_offsets as a whole. Malformed: no row can be attributed; every CTA poisons a grid-strided
-  //    share of all rows (out NaN, lse NaN) and CTA 0 sets the status bit.
-  DDT_PROF_INIT();
-  if (offsets_bad(p)) {
-    fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
-              num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
-    if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
-    return;
-  }
-
-  // 2. This CTA's items: blockIdx.x + j gridDim.x below the device-side total, in rounds of kMaxItemsPerCta
-  //    (the scan lives in the partial-score buffer, so each round redoes it and lists its items first). The
-  //    grid is the resident CTAs (or fewer), whatever the capacities: idle CTAs cost one scan.
-#pragma unroll 1
-  for (int64_t round = 0;; ++round) {
-    __syncthreads();  // the previous round's items are done with the shared buffers and s_list
-    int* s_items = reinterpret_cast<int*>(sm.sp);
-    int* s_rows = s_items + kThreads;
-    scan_requests(p, MainCounts<kBM>{split_keys}, s_items, s_rows);
-    const int total = s_items[kThreads - 1];
-    if (tid < kMaxItemsPerCta) {
-      const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
-      s_list[tid] = b < total ? locate_item(p, MainCounts<kBM>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
-    }
-    __syncthreads();
-    if (s_list[0].r < 0) break;  // uniform: no item left for this CTA
-#pragma unroll 1
-    for (int k = 0; k < kMaxItemsPerCta; ++k) {
-      const Item item = s_list[k];
-      if (item.r < 0) break;
-      process_item(p, split_keys, item, sm, ws_o, ws_ml);
-    }
-  }
-
-  // 3. Padding rows [off[batch], total_nodes): 0 / -inf, grid-strided over all CTAs.
-  const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
-  fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
-            num::kNegInf);
-  DDT_PROF_FLUSH();
+  run_flash_items<kBM>(p, split_keys, reinterpret_cast<int*>(sm.sp),
+                       [&](const Item& item) { process_item(p, split_keys, item, sm, ws_o, ws_ml); });
 }
 
 // Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident.

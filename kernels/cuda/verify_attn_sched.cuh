@@ -256,6 +256,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The main-kernel body both flash kernels share, after their shared-memory setup: (1) node_offsets as a whole
+// (malformed: no row can be attributed; every CTA poisons a grid-strided share of all rows, CTA 0 sets the
+// status bit); (2) this CTA's items blockIdx.x + j gridDim.x below the device-side total, in rounds of
+// kMaxItemsPerCta (the scan lives in scan_buf, 2 x kThreads ints that the items overwrite, so each round
+// redoes it and lists its items first; the grid is the resident CTAs or fewer, idle CTAs cost one scan),
+// process(item) for each; (3) padding rows [off[batch], total_nodes) as 0 / -inf, grid-strided.
+template <int RowTile, class Process>
+__device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys, int* scan_buf, Process process) {
+  __shared__ Item s_list[kMaxItemsPerCta];
+  const int tid = threadIdx.x;
+  const int H = p.heads;
+  DDT_PROF_INIT();
+  if (offsets_bad(p)) {
+    fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
+              num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
+    if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
+    return;
+  }
+#pragma unroll 1
+  for (int64_t round = 0;; ++round) {
+    __syncthreads();  // the previous round's items are done with the shared buffers and s_list
+    int* s_items = scan_buf;
+    int* s_rows = s_items + kThreads;
+    scan_requests(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
+    const int total = s_items[kThreads - 1];
+    if (tid < kMaxItemsPerCta) {
+      const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
+      s_list[tid] =
+          b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+    }
+    __syncthreads();
+    if (s_list[0].r < 0) break;  // uniform: no item left for this CTA
+#pragma unroll 1
+    for (int k = 0; k < kMaxItemsPerCta; ++k) {
+      const Item item = s_list[k];
+      if (item.r < 0) break;
+      process(item);
+    }
+  }
+  const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
+  fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
+            num::kNegInf);
+  DDT_PROF_FLUSH();
+}
+
 // ---- host side, shared by the two flash launchers ----
 // Arguments, split_keys and the caller's workspace against what these capacities need (ddtree/kernels.h
 // section 4). DDT_OK or the error code, with its message recorded (name: the entry point, for the message).

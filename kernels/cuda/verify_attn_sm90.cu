@@ -514,7 +514,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const __grid_constant__ CUtensorMap kv_map, int use_tma) {
 #if DDT_SM90_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  __shared__ Item s_list[kMaxItemsPerCta];
   __shared__ float red[2 * kRows];
   __shared__ __align__(8) uint64_t full[2];
   const Tma tma{&kv_map, smem_u32(full), use_tma != 0};
@@ -526,39 +525,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(tma.map);
   }
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  const int tid = threadIdx.x;
-  const int H = p.heads;
-  DDT_PROF_INIT();
-  if (offsets_bad(p)) {
-    fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
-              num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
-    if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
-    return;
-  }
-#pragma unroll 1
-  for (int64_t round = 0;; ++round) {
-    __syncthreads();  // the previous round's items are done with the shared buffers and s_list
-    int* s_items = reinterpret_cast<int*>(base + kOffPHi);
-    int* s_rows = s_items + kThreads;
-    scan_requests(p, MainCounts<kRows>{split_keys}, s_items, s_rows);
-    const int total = s_items[kThreads - 1];
-    if (tid < kMaxItemsPerCta) {
-      const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
-      s_list[tid] = b < total ? locate_item(p, MainCounts<kRows>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
-    }
-    __syncthreads();
-    if (s_list[0].r < 0) break;  // uniform: no item left for this CTA
-#pragma unroll 1
-    for (int k = 0; k < kMaxItemsPerCta; ++k) {
-      const Item item = s_list[k];
-      if (item.r < 0) break;
-      process_item(p, split_keys, item, base, red, ws_o, ws_ml, tma, phase);
-    }
-  }
-  const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
-  fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
-            num::kNegInf);
-  DDT_PROF_FLUSH();
+  run_flash_items<kRows>(p, split_keys, reinterpret_cast<int*>(base + kOffPHi), [&](const Item& item) {
+    process_item(p, split_keys, item, base, red, ws_o, ws_ml, tma, phase);
+  });
 #endif
 }
 
