@@ -102,7 +102,7 @@ int main() {
       std::printf(" %.0f |", sum[k] / tiles);
       per_tile += sum[k] / tiles;
     }
-    std::printf(" %.0f | %.0f |%s\n", per_tile, sum[12] / items, sum[14] > 0 ? " (TMA)" : "");
+    std::printf(" %.0f | %.0f |%s\n", per_tile, sum[12] / items, sum[15] > 0 ? " (TMA, 1 copy per tile)" : sum[14] > 0 ? " (TMA, 9 boxes)" : "");
     uint32_t st = 1;
     cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost);
     if (st != 0 || cudaGetLastError() != cudaSuccess) { std::printf("status %u / CUDA error\n", st); return 1; }

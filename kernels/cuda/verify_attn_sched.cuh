@@ -66,6 +66,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 __device__ void fill_rows(const ddt_verify_attn_params& p, int64_t f_begin, int64_t f_end, int64_t f_stride,
                           uint16_t v, float l) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp >= kWarps) return;  // warps past the first 8 (the sm_90a kernel's producer warpgroup) write nothing
   const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
   const uint4 vv = make_uint4(v2, v2, v2, v2);
   for (int64_t f = f_begin + warp; f < f_end; f += f_stride) {
@@ -105,13 +106,15 @@ struct CombineCounts {
 // Block-wide inclusive scan of the counts over requests: thread i sums a contiguous chunk of requests
 // (node_offsets must be well formed, so every count and total fits in int: the host bounds them), then a
 // warp-shuffle scan and the warp totals (two barriers). s_items / s_rows [kThreads] receive the inclusive
-// prefix sums per thread chunk. Ends with a barrier.
+// prefix sums per thread chunk. Ends with a barrier. Threads past the first kThreads (the sm_90a kernel's
+// producer warpgroup) only take part in the barriers.
 template <class F>
 __device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows) {
   __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool scans = tid < kThreads;
   const int per = (p.batch + kThreads - 1) / kThreads;
-  const int r_lo = tid * per < p.batch ? tid * per : p.batch;
+  const int r_lo = scans && tid * per < p.batch ? tid * per : p.batch;
   const int r_hi = r_lo + per < p.batch ? r_lo + per : p.batch;
   int a = 0, b = 0;
   for (int r = r_lo; r < r_hi; ++r) {
@@ -124,11 +127,13 @@ __device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_
     const int va = __shfl_up_sync(0xFFFFFFFFu, a, off), vb = __shfl_up_sync(0xFFFFFFFFu, b, off);
     if (lane >= off) { a += va; b += vb; }
   }
-  if (lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; }
+  if (scans && lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; }
   __syncthreads();
-  for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; }
-  s_items[tid] = a;
-  s_rows[tid] = b;
+  if (scans) {
+    for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; }
+    s_items[tid] = a;
+    s_rows[tid] = b;
+  }
   __syncthreads();
 }
 
@@ -262,9 +267,16 @@ __global__ void __launch_bounds__(kThreads)
 // kMaxItemsPerCta (the scan lives in scan_buf, 2 x kThreads ints that the items overwrite, so each round
 // redoes it and lists its items first; the grid is the resident CTAs or fewer, idle CTAs cost one scan),
 // process(item) for each; (3) padding rows [off[batch], total_nodes) as 0 / -inf, grid-strided.
+// The CTA's item list of the current round. One array per CTA whatever run_flash_items is instantiated with
+// (a __shared__ variable inside the template would be one per instantiation: the sm_90a kernel's two roles
+// run two instantiations and must read the same list).
+__device__ __forceinline__ Item* round_items() {
+  __shared__ Item s_list[kMaxItemsPerCta];
+  return s_list;
+}
 template <int RowTile, class Process>
 __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys, int* scan_buf, Process process) {
-  __shared__ Item s_list[kMaxItemsPerCta];
+  Item* s_list = round_items();
   const int tid = threadIdx.x;
   const int H = p.heads;
   DDT_PROF_INIT();

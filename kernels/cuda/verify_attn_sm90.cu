@@ -6,7 +6,8 @@
 // workspace and the same fixed-order combine as the portable kernel (verify_attn_sched.cuh). Same semantics
 // and outputs as the oracle and the CPU twin to the correctness bar.
 //
-// Work decomposition (one CTA = 2 warpgroups = 256 threads; one item = 64 rows x one key range):
+// Work decomposition (one CTA = 2 math warpgroups + 1 producer warpgroup = 384 threads; one item = 64 rows x
+// one key range):
 //  - Rows: request r's flattened (node, head) rows in tiles of 64 (8 nodes x 8 heads at H = 8); row tile t =
 //    request-local rows [64 t, 64 t + 64). Keys: the split's range [kb, ke) (kb = s x split_keys) in tiles of
 //    64 keys starting at kb (so a chain node and the single-node decode see the same tiles: rule E).
@@ -21,11 +22,12 @@
 //    then take the same max of the two); P = exp2(s - m) as a bf16 pair hi + lo (as the portable kernel:
 //    bf16 P alone misses the element bar on peaked rows) into shared memory; then warpgroup w owns output
 //    dims [256 w, 256 w + 256): O_w = alpha O_w + P_hi V_w + P_lo V_w with wgmma m64n256k16 (A = P, K-major;
-//    B = V = the first 512 dims of the same KV tile, read N-major). Three CTA barriers per tile: tile landed,
-//    row maxima exchanged, P written.
-//  - Loads: every thread issues 18 16-byte cp.async per KV tile (row = tid / 4, any page size; slots past the
-//    key range are zero-filled, never read), its slot's page looked up a tile ahead; Q (16 chunks per
-//    thread) once per item.
+//    B = V = the first 512 dims of the same KV tile, read N-major). Two barriers of the math warps per tile
+//    (row maxima exchanged, P written) and an mbarrier wait for the tile.
+//  - Loads: the producer warpgroup (its registers given to the math warpgroups with setmaxnreg) fills the two
+//    KV stages as the math warps free them (mbarriers full / empty per stage): TMA, one copy per tile through
+//    a 3D tensor map (page_size and split_keys multiples of 64), else cp.async by its 128 threads (any page
+//    size; slots past the key range zero-filled). Q (16 chunks per math thread) once per item.
 //  - Scheduling, checks, padding, poison, workspace and combine: exactly the portable kernel's
 //    (verify_attn_sched.cuh; persistent CTAs over items numbered request-major, then split, then row tile).
 // Compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): other targets get an empty kernel and the launcher
@@ -65,7 +67,9 @@ constexpr int kOffQ = 0, kOffKv = kQBytes, kOffPHi = kOffKv + 2 * kKvBytes, kOff
 constexpr int kSmemUsed = kOffPLo + kPBytes;        // 229,376
 constexpr int kSmemBytes = kSmemUsed + 1024;        // + alignment slack of the dynamic base
 static_assert(kSmemBytes + kMaxItemsPerCta * 12 + 1024 <= 232448, "sm_90: at most 227 KB of shared memory per CTA");
-static_assert(kThreads == 256 && kRows * 4 == kThreads, "KV loader: 4 threads per key row, 18 chunks each");
+constexpr int kCtaThreads = kThreads + 128;   // + the producer warpgroup
+static_assert(kThreads == 256 && kRows * 4 == kThreads, "Q loader: 4 threads per row, 16 chunks each");
+static_assert(kCtaThreads - kThreads == 2 * kRows, "cp.async KV loader: 2 producer threads per key row");
 static_assert(kDimQK == 576 && kDimV == 512, "tiling assumes 512 latent + 64 rope dims");
 static_assert(2 * kPBytes >= 2 * kThreads * 4, "the request scan (2 x 256 int) fits the P buffers");
 
@@ -89,6 +93,20 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival on bar once every cp.async this thread issued so far has landed (the barrier's count includes it).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// The two math warpgroups alone (named barrier 1, 256 threads; barrier 0 is __syncthreads, all 384).
+__device__ __forceinline__ void math_bar() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// Register reallocation between warpgroups (every warp of the warpgroup executes it).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT:\n"
@@ -99,11 +117,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
-// One [64 rows][64 bf16] box of the KV tensor map at (dim x, row y) into 128B-swizzled shared memory.
+// One [64 rows][64 bf16] box of the 2D KV tensor map at (dim x, row y) into 128B-swizzled shared memory.
 __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+// A whole KV tile through the 3D map (encode_kv_map): box [9 chunks][64 rows][64 bf16] from row y, i.e. the
+// same 9 swizzled boxes one after another, in one instruction.
+__device__ __forceinline__ void tma_load_tile3d(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar) : "memory");
 }
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous region.
 template <int N>
@@ -161,17 +186,107 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[128], uint64_t
       : "memory");
 }
 
-// One work item: rows [64 t, 64 t + 64) of request r against its split's key range. base: the 1024-aligned
-// shared-memory window (generic pointer), red: [2 warpgroups][64 rows] f32 exchange.
-// TMA path (on: page_size and split_keys multiples of 64): thread 0 loads each tile as 9 boxes through the
-// kv_map completing on full[buf]; phase: bit b = the parity of buffer b's next completion (kept across items).
-struct Tma {
-  const CUtensorMap* map;
-  uint32_t full;  // shared address of the two mbarriers (8 bytes each)
-  bool on;
+// The item's geometry (both roles compute it from the item alone): rows [64 t, 64 t + 64) of request r
+// against its split's key range [kb, ke) (kb = split x split_keys), or all keys when not split.
+struct ItemGeom {
+  Request q;
+  bool shape_ok, is_split;
+  int rows_here;              // rows of this tile that exist (< 64 on a request's last tile)
+  int64_t row0, tile_row0;    // global flattened row of the request's row 0; the tile's first request row
+  int64_t prow0;              // workspace row of the tile's row 0 (split only)
+  int64_t kb, ke, ntiles;     // key range and its 64-key tiles
 };
+__device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, const Item item) {
+  ItemGeom g;
+  g.q = make_request(p, item.r);
+  const int64_t n_rows = int64_t(g.q.nodes) * p.heads;
+  g.shape_ok = request_shape_ok(p, g.q);
+  const SplitPlan plan = split_plan(g.shape_ok ? g.q.keys : 0, n_rows, split_keys, kRows);
+  const int t = item.local % plan.row_tiles, split = item.local / plan.row_tiles;
+  g.is_split = plan.splits > 1;
+  g.row0 = int64_t(g.q.first_row) * p.heads;
+  g.tile_row0 = int64_t(t) * kRows;
+  g.rows_here = n_rows - g.tile_row0 < kRows ? int(n_rows - g.tile_row0) : kRows;
+  g.prow0 = int64_t(item.partial_base) + int64_t(split) * n_rows + g.tile_row0;
+  g.kb = g.is_split ? int64_t(split) * split_keys : 0;
+  g.ke = g.is_split ? min(g.q.keys, g.kb + split_keys) : g.q.keys;
+  g.ntiles = (g.ke - g.kb + kKeys - 1) / kKeys;
+  return g;
+}
+// Every thread of the CTA (both roles): is the request's shape or a page of the key range bad? (a CTA-wide
+// OR: ends with a barrier; every thread checks a strided share of the pages)
+__device__ bool item_bad(const ddt_verify_attn_params& p, const ItemGeom& g) {
+  bool bad = !g.shape_ok;
+  if (!bad && g.ke > g.kb) {
+    const int64_t pg0 = g.kb / p.page_size, pg1 = (g.ke + p.page_size - 1) / p.page_size;
+    for (int64_t k = pg0 + threadIdx.x; k < pg1; k += kCtaThreads) bad |= !page_ok(p, g.q, k);
+  }
+  return __syncthreads_or(bad);
+}
+
+// The KV pipeline: two stages; full[b] completes when stage b's tile has landed (TMA: one arrival with the
+// byte count; cp.async: one arrival per producer thread when its copies land), empty[b] when the 8 math warps
+// are done reading it. Parities: bit b = the parity of stage b's next completion, kept across items (every
+// tile of every item goes through the same two stages in order, tile kt in stage kt & 1).
+struct Pipe {
+  const CUtensorMap* map;
+  uint32_t full, empty;  // shared addresses of the two mbarriers each (8 bytes apart)
+  bool tma;              // TMA (page_size and split_keys multiples of 64) or cp.async
+  bool tile3d;           // the map is 3D: one copy per tile (else 9 boxes of the 2D map)
+};
+
+// The producer warpgroup's share of an item: wait until a stage is free, look up where the tile lives, issue
+// its copies. TMA: thread 256 alone, one copy (3D map) or 9 boxes of [64 keys][64 dims] from the tile's page
+// (page_size and the range start are multiples of 64: a tile's 64 keys lie in one page; rows past ke are
+// zeroed by the math warps after the copy lands). cp.async: 2 threads per key row, 36 16-byte chunks each,
+// slots past the range zero-filled, completion tracked per thread on full[b] (cp.async.mbarrier.arrive).
+__device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, uint32_t sbase,
+                             const Pipe& pipe, uint32_t& empty_phase) {
+#if DDT_SM90_BODY
+  __syncthreads();  // the previous item is done with every shared buffer (pairs with process_item's)
+  const ItemGeom g = item_geom(p, split_keys, item);
+  if (item_bad(p, g)) return;
+  const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
+  if (pipe.tma && pt != 0) return;
+  const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
+  const int64_t table_row = int64_t(g.q.r) * p.max_pages;
+#pragma unroll 1
+  for (int64_t kt = 0; kt < g.ntiles; ++kt) {
+    const int buf = int(kt & 1);
+    const int64_t j = g.kb + kt * kKeys + row;  // this thread's key
+    const bool in = j < g.ke;
+    const int64_t lpage = j / p.page_size;
+    // (an entry past the range may be anything: clamp the lookup, use page 0 for slots not loaded)
+    const int32_t page = p.page_table[table_row + (lpage < g.q.pages ? lpage : g.q.pages - 1)];
+    const int64_t slot = (in ? int64_t(page) : 0) * p.page_size + (j - lpage * p.page_size);
+    mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
+    empty_phase ^= 1u << buf;
+    const uint32_t bar = pipe.full + 8u * uint32_t(buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
+    if (pipe.tma) {
+      mbar_expect_tx(bar, uint32_t(kKvBytes));
+      if (pipe.tile3d) {
+        tma_load_tile3d(dst, pipe.map, int(slot), bar);
+      } else {
+#pragma unroll 1
+        for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar);
+      }
+    } else {
+      const uint16_t* src = p.kv_cache + slot * kDimQK;
+#pragma unroll 4
+      for (int i = 0; i < 36; ++i) {
+        const int ch = half + 2 * i;
+        cp_async16(dst + uint32_t((ch >> 3) * kBox) + sw128_off(row, ch & 7), src + ch * 8, in ? 16 : 0);
+      }
+      cp_async_mbar_arrive(bar);
+    }
+  }
+#endif
+}
+
+// The math warpgroups' share of an item (threads 0 .. 255). base: the 1024-aligned shared-memory window
+// (generic pointer), red: [2 warpgroups][64 rows] f32 exchange; full_phase: see Pipe.
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
-                             float* red, float* ws_o, float* ws_ml, const Tma& tma, uint32_t& phase) {
+                             float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
@@ -181,24 +296,18 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   DDT_PROF_START(tp);
   DDT_PROF_COUNT(9);
 
-  const Request q = make_request(p, item.r);
-  const int64_t n_rows = int64_t(q.nodes) * H;
-  const bool shape_ok = request_shape_ok(p, q);
-  const SplitPlan plan = split_plan(shape_ok ? q.keys : 0, n_rows, split_keys, kRows);
-  const int t = item.local % plan.row_tiles, split = item.local / plan.row_tiles;
-  const bool is_split = plan.splits > 1;
-  const int64_t row0 = int64_t(q.first_row) * H;  // global flattened row of the request's row 0
-  const int64_t tile_row0 = int64_t(t) * kRows;
-  const int rows_here = n_rows - tile_row0 < kRows ? int(n_rows - tile_row0) : kRows;
-  const int64_t prow0 = int64_t(item.partial_base) + int64_t(split) * n_rows + tile_row0;
-  // The key range: the split's [kb, ke), or all keys.
-  const int64_t kb = is_split ? int64_t(split) * split_keys : 0;
-  const int64_t ke = is_split ? min(q.keys, kb + split_keys) : q.keys;
+  const ItemGeom geo = item_geom(p, split_keys, item);
+  const Request& q = geo.q;
+  const bool is_split = geo.is_split;
+  const int64_t row0 = geo.row0, tile_row0 = geo.tile_row0, prow0 = geo.prow0, kb = geo.kb, ke = geo.ke;
+  const int64_t ntiles = geo.ntiles;
+  const int rows_here = geo.rows_here;
 
   const uint32_t sbase = smem_u32(base);
   const uint32_t sq = sbase + kOffQ, sphi = sbase + kOffPHi, splo = sbase + kOffPLo;
   // Q: the latent part into shared memory (16 chunks per thread, rows past the request zero-filled), the
-  //    rope part as A fragments: qr[s] = rows 16 wv + g (+ 8), dims 512 + 16 s + 2 c (+ 8).
+  //    rope part as A fragments: qr[s] = rows 16 wv + g (+ 8), dims 512 + 16 s + 2 c (+ 8). Issued before the
+  //    page check: its rows exist whatever the request's other scalars say.
   {
     const uint16_t* qrow = p.q + (row0 + tile_row0) * kDimQK;
 #pragma unroll 4
@@ -226,61 +335,13 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
   }
 
-  // 1. Scalars and the pages of the key range (as the portable kernel; Q's loads above are already in flight,
-  //    their rows exist whatever the request's other scalars say).
-  bool bad = !shape_ok;
-  if (!bad && ke > kb) {
-    const int64_t pg0 = kb / p.page_size, pg1 = (ke + p.page_size - 1) / p.page_size;
-    for (int64_t k = pg0 + tid; k < pg1; k += kThreads) bad |= !page_ok(p, q, k);
-  }
-  if (__syncthreads_or(bad)) {
+  if (item_bad(p, geo)) {
     cp_async_wait_all();  // Q's copies land before the next item reuses the buffer
     if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
     if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
     else for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
     return;
   }
-
-  // KV loader: key row lr = tid / 4 of the tile, chunks (tid & 3) + 4 i, i < 18. Where its slot lives is
-  // looked up one tile ahead (SlotRef: the page-table load is issued a tile before its value is used, so
-  // issuing never waits on it; consuming it at once costs ~1.4k cycles per tile). Thread 0's SlotRef (row 0)
-  // also gives the TMA path its tile's first row.
-  const int lr = tid >> 2, lc = tid & 3;
-  const int64_t ntiles = (ke - kb + kKeys - 1) / kKeys;
-  struct SlotRef {
-    int32_t page;  // physical page as loaded (not consumed until the tile is issued: widening it to 64 bits
-                   // at once, as page_entry does, stalls for the load, ~1.5k cycles per tile)
-    uint32_t off;  // slot within the page
-    bool in;       // a key of the range (else zero-filled)
-  };
-  auto slot_ref = [&](int64_t kt) {
-    SlotRef r;
-    const int64_t j = kb + kt * kKeys + lr;
-    r.in = kt < ntiles && j < ke;
-    int64_t lpage;
-    if (j <= 0x7FFFFFFF) {  // 32-bit division (a 64-bit one is a long software routine on the GPU)
-      lpage = uint32_t(j) / uint32_t(p.page_size);
-      r.off = uint32_t(j) - uint32_t(lpage) * uint32_t(p.page_size);
-    } else {
-      lpage = j / p.page_size;
-      r.off = uint32_t(j % p.page_size);
-    }
-    // Unconditional load of an entry that exists (clamped): a select on the loaded value would consume it at
-    // once and stall for the load.
-    r.page = p.page_table[int64_t(q.r) * p.max_pages + (lpage < q.pages ? lpage : q.pages - 1)];
-    return r;
-  };
-  auto load_tile = [&](const SlotRef& r, int buf) {
-    const uint32_t dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
-    const int64_t page = r.in ? int64_t(r.page) : 0;  // (an entry past the range may be anything)
-    const uint16_t* src = p.kv_cache + (page * p.page_size + r.off) * kDimQK;  // = kv_row_offset when in
-#pragma unroll
-    for (int i = 0; i < 18; ++i) {
-      const int ch = lc + 4 * i;
-      cp_async16(dst + uint32_t((ch >> 3) * kBox) + sw128_off(lr, ch & 7), src + ch * 8, r.in ? 16 : 0);
-    }
-    cp_async_commit();
-  };
 
   // Rows of this thread (tile-local): ra = 16 wv + g and rb = ra + 8; their vis rows (valid rows only).
   const int ra = 16 * wv + g, rb = ra + 8;
@@ -295,56 +356,34 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
-  // TMA: tile kt's 64 keys lie in one page (page_size and the range start are multiples of 64), from row
-  // page x page_size + off of the [slots][576] tensor (thread 0's SlotRef). Rows past ke hold whatever the
-  // page has (possibly NaN poison): they are zeroed in shared memory after the copy lands.
-  auto tma_tile = [&](const SlotRef& r, int buf) {
-    const uint32_t bar = tma.full + 8u * uint32_t(buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
-    const int y = int(int64_t(r.page) * p.page_size + r.off);
-    mbar_expect_tx(bar, uint32_t(kKvBytes));
-#pragma unroll 1
-    for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), tma.map, 64 * b, y, bar);
-  };
-  if (tma.on) {
-    DDT_PROF_COUNT(14);
-    if (tid == 0) tma_tile(slot_ref(0), 0);
-  } else {
-    load_tile(slot_ref(0), 0);
-  }
-  SlotRef next = slot_ref(1);
-  DDT_PROF_LAP(1, tp);  // item prologue: scalars, page checks, Q issued, first tile issued
+  if (pipe.tma) DDT_PROF_COUNT(14);
+  if (pipe.tma && pipe.tile3d) DDT_PROF_COUNT(15);
+  DDT_PROF_LAP(1, tp);  // item prologue: scalars, page checks, Q issued
 #pragma unroll 1
   for (int64_t it = 0; it < ntiles; ++it) {
     const int buf = int(it & 1);
     const int64_t k0 = kb + it * kKeys;  // absolute key of the tile's row 0
     DDT_PROF_COUNT(10);
-    if (tma.on) {
-      if (it == 0) cp_async_wait_all();  // Q
-      mbar_wait(tma.full + 8u * uint32_t(buf), (phase >> buf) & 1u);
-      phase ^= 1u << buf;
-      const int64_t past = k0 + kKeys - ke;  // rows [64 - past, 64) lie past the key range: zero them
-      if (past > 0) {
-        unsigned char* kvb = base + kOffKv + buf * kKvBytes;
-        const int first = kKeys - int(past);
-        for (int i = tid; i < int(past) * 72; i += kThreads) {
-          const int r = first + i / 72, ch = i % 72;
-          *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
-        }
+    if (it == 0) cp_async_wait_all();  // Q
+    mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
+    full_phase ^= 1u << buf;
+    const int64_t past = k0 + kKeys - ke;  // rows [64 - past, 64) lie past the key range
+    if (pipe.tma && past > 0) {  // TMA copied them from the page (possibly NaN poison): zero them
+      unsigned char* kvb = base + kOffKv + buf * kKvBytes;
+      const int first = kKeys - int(past);
+      for (int i = tid; i < int(past) * 72; i += kThreads) {
+        const int r = first + i / 72, ch = i % 72;
+        *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
       }
-    } else {
-      cp_async_wait_all();
     }
     fence_proxy_async();
     DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
-    __syncthreads();  // (A) tile `it` (and Q) visible; every warp is done with tile it - 1, P and red
+    // (A) Q (first tile) and the zeroed rows (last tile) visible to every math warp. Other tiles need no
+    // barrier here: each thread waited for the tile itself, and P / red of the previous tile are rewritten
+    // only after barrier B, which every warp reaches after its previous PV.
+    if (it == 0 || (pipe.tma && past > 0)) math_bar();
     DDT_PROF_LAP(3, tp);
-    if (tma.on) {
-      if (tid == 0 && it + 1 < ntiles) tma_tile(next, buf ^ 1);
-    } else if (it + 1 < ntiles) {
-      load_tile(next, buf ^ 1);
-    }
-    if (it + 2 < ntiles && (!tma.on || tid == 0)) next = slot_ref(it + 2);  // used a tile from now
-    DDT_PROF_LAP(4, tp);  // next tile's loads issued
+    DDT_PROF_LAP(4, tp);  // (no loads issued here: the producer warpgroup's)
     const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
 
     // S = Q K_w^T, keys [32 wg, 32 wg + 32) of the tile.
@@ -400,7 +439,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       red[wg * kRows + rb] = mxb;
     }
     DDT_PROF_LAP(13, tp);  // mask, scale, row max
-    __syncthreads();  // (B) both warpgroups' row maxima
+    math_bar();  // (B) both warpgroups' row maxima
     DDT_PROF_LAP(6, tp);
     // The same max in both warpgroups (the two halves in a fixed order).
     const float ma_new = fmaxf(m_a, fmaxf(red[ra], red[kRows + ra]));
@@ -434,7 +473,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     l_b = l_b * alpha_b + sum_b;
     fence_proxy_async();
     DDT_PROF_LAP(7, tp);  // exp2, P hi / lo stores
-    __syncthreads();  // (C) P complete
+    math_bar();  // (C) P complete
     DDT_PROF_LAP(8, tp);
 
     // O_w = alpha O_w + P_hi V_w + P_lo V_w.
@@ -458,6 +497,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     wgmma_commit();
     wgmma_wait_all();
     reg_fence(acc);
+    // The stage is free for the producer: one arrival per math warp, after its PV completed.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));
     DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
@@ -466,12 +508,12 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
   l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
   l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
-  __syncthreads();  // every warp is done reading red
+  math_bar();  // every warp is done reading red
   if (c == 0) {
     red[wg * kRows + ra] = l_a;
     red[wg * kRows + rb] = l_b;
   }
-  __syncthreads();
+  math_bar();
   l_a = red[ra] + red[kRows + ra];
   l_b = red[rb] + red[kRows + rb];
 
@@ -509,25 +551,42 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #endif
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+// One CTA per SM: math warpgroups 0 and 1 (threads 0 .. 255: S, softmax, PV, epilogue) and the producer
+// warpgroup 2 (threads 256 .. 383: the KV copies). Registers: 168 per thread at launch; the producer gives
+// back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
+__global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
                             const __grid_constant__ CUtensorMap kv_map, int use_tma) {
+  // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile)
 #if DDT_SM90_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
-  __shared__ __align__(8) uint64_t full[2];
-  const Tma tma{&kv_map, smem_u32(full), use_tma != 0};
-  uint32_t phase = 0;
-  if (threadIdx.x == 0 && tma.on) {  // made visible to all threads by offsets_bad's barrier
-    mbar_init(tma.full, 1);
-    mbar_init(tma.full + 8, 1);
+  __shared__ __align__(8) uint64_t bars[4];  // full[2], empty[2]
+  const Pipe pipe{&kv_map, smem_u32(bars), smem_u32(bars + 2), use_tma != 0, use_tma == 2};
+  if (threadIdx.x == 0) {  // made visible to all threads by offsets_bad's barrier
+    mbar_init(pipe.full, pipe.tma ? 1 : 128);
+    mbar_init(pipe.full + 8, pipe.tma ? 1 : 128);
+    mbar_init(pipe.empty, kWarps);
+    mbar_init(pipe.empty + 8, kWarps);
     mbar_init_fence();
-    tma_prefetch_map(tma.map);
+    if (pipe.tma) tma_prefetch_map(pipe.map);
   }
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  run_flash_items<kRows>(p, split_keys, reinterpret_cast<int*>(base + kOffPHi), [&](const Item& item) {
-    process_item(p, split_keys, item, base, red, ws_o, ws_ml, tma, phase);
-  });
+  int* scan_buf = reinterpret_cast<int*>(base + kOffPHi);
+  if (threadIdx.x >= kThreads) {
+    setmaxnreg_dec<40>();
+    uint32_t empty_phase = 0;
+    const uint32_t sbase = smem_u32(base);
+    run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
+      produce_item(p, split_keys, item, sbase, pipe, empty_phase);
+    });
+  } else {
+    setmaxnreg_inc<232>();
+    uint32_t full_phase = 0;
+    run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
+      process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
+    });
+  }
 #endif
 }
 
@@ -556,7 +615,7 @@ DeviceInfo device_info() {
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaFuncSetAttribute(verify_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
           cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, verify_attn_sm90_kernel, kThreads, kSmemBytes) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, verify_attn_sm90_kernel, kCtaThreads, kSmemBytes) !=
           cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
       occ < 1 || occ2 < 1) {
@@ -566,15 +625,18 @@ DeviceInfo device_info() {
   return info[dev] = {1, occ * sms, occ2 * sms};
 }
 
-// The KV cache as a 2D tensor [slots][576] bf16 for TMA: boxes of 64 rows x 64 dims, 128-byte swizzle (the
-// layout wgmma reads). False when the driver entry point or the encoding is unavailable (the launcher then
-// takes the cp.async path, which loads the same bytes into the same layout). DDTREE_SM90_TMA=0 forces that.
-bool encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
+// The KV cache for TMA, boxes in the layout wgmma reads (128-byte swizzle, 1,024-byte aligned boxes of
+// [64 rows][64 dims]). Returns 2: a 3D map {64 dims, slots, 9 chunks} (strides 1,152 B per slot and 128 B
+// per chunk: the chunks of a row overlap the dims) whose box {64, 64, 9} is a whole tile, one copy per tile;
+// 1: the 2D map [slots][576] with boxes of 64 x 64 (9 copies per tile), if the 3D encoding is refused;
+// 0: no TMA (driver entry point or both encodings unavailable; the launcher then takes the cp.async path,
+// which loads the same bytes into the same layout). DDTREE_SM90_TMA=0 forces 0, =9 forces the 2D map.
+int encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
+  static const char* env = std::getenv("DDTREE_SM90_TMA");
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    const char* e = std::getenv("DDTREE_SM90_TMA");
-    if (e && e[0] == '0') return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    if (env && env[0] == '0') return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
@@ -582,13 +644,27 @@ bool encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  if (!encode) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(kDimQK), cuuint64_t(p.num_pages) * cuuint64_t(p.page_size)};
+  if (!encode) return 0;
+  void* kv = const_cast<uint16_t*>(p.kv_cache);
+  const cuuint64_t slots = cuuint64_t(p.num_pages) * cuuint64_t(p.page_size);
+  const cuuint32_t elem[3] = {1, 1, 1};
+  if (!(env && env[0] == '9')) {
+    const cuuint64_t dims[3] = {64, slots, 9};
+    const cuuint64_t strides[2] = {cuuint64_t(kDimQK) * 2, 128};
+    const cuuint32_t box[3] = {64, 64, 9};
+    if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, kv, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
+      return 2;
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(kDimQK), slots};
   const cuuint64_t strides[1] = {cuuint64_t(kDimQK) * 2};
-  const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.kv_cache), dims, strides, box, elem,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const cuuint32_t box[2] = {64, 64};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, kv, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+             ? 1
+             : 0;
 }
 
 }  // namespace
@@ -615,10 +691,12 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   // TMA when every tile's 64 keys lie in one page: page_size and split_keys multiples of 64 (tiles start at
   // multiples of 64), and row coordinates within int32.
   CUtensorMap map{};
-  const bool tma = p->page_size % 64 == 0 && split_keys % 64 == 0 &&
-                   int64_t(p->num_pages) * p->page_size <= int64_t(INT32_MAX) && attn::encode_kv_map(&map, *p);
-  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml,
-                                                                                         map, tma ? 1 : 0);
+  const int tma = p->page_size % 64 == 0 && split_keys % 64 == 0 &&
+                          int64_t(p->num_pages) * p->page_size <= int64_t(INT32_MAX)
+                      ? attn::encode_kv_map(&map, *p)
+                      : 0;
+  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
+                                                                                            ws_ml, map, tma);
   DDT_CUDA_LAUNCHED();
   return attn::launch_combine(*p, split_keys, b, dev.combine_ctas, ws_o, ws_ml, s);
 }
