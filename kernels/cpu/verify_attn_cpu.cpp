@@ -41,8 +41,10 @@ void compute_request(const ddt_verify_attn_params& p, const Request& q) {
       const uint16_t* qr = p.q + (int64_t(row) * p.heads + h) * kDimQK;
       for (int d = 0; d < kDimQK; ++d) qv[d] = num::bf16_to_f32(qr[d]);
       double m = -std::numeric_limits<double>::infinity();
+      int64_t n_visible = 0;
       for (int64_t j = 0; j < q.keys; ++j) {
         if (!vis[j]) continue;
+        ++n_visible;
         const uint16_t* k = p.kv_cache + kv_row_offset(p, q, j);
         double dot[4] = {0.0, 0.0, 0.0, 0.0};  // 4 partial sums: f64 is exact enough, and 4x faster
         for (int d = 0; d < kDimQK; d += 4)
@@ -50,7 +52,9 @@ void compute_request(const ddt_verify_attn_params& p, const Request& q) {
         score[j] = double(p.softmax_scale) * ((dot[0] + dot[1]) + (dot[2] + dot[3]));
         if (score[j] > m) m = score[j];
       }
-      if (m == -std::numeric_limits<double>::infinity()) {  // no visible key
+      // No visible key: 0 / -inf. A NaN score (a NaN in q or in a visible key) makes the row NaN, also when
+      // every visible score is NaN (m stays -inf then, and exp(NaN) carries it into the sums).
+      if (n_visible == 0) {
         write_row(p, row, h, num::f32_to_bf16(0.0f), -std::numeric_limits<float>::infinity());
         continue;
       }

@@ -138,9 +138,13 @@ __global__ void __launch_bounds__(kThreads) verify_attn_oracle_kernel(ddt_verify
   }
   __syncthreads();
   float M = num::kNegInf;
+  bool any = false;  // a visible key: l >= 1 for a finite score, NaN for a NaN one; 0 for none
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w]);
-  if (M == num::kNegInf) {  // no visible key at all
+  for (int w = 0; w < kWarps; ++w) {
+    M = fmaxf(M, s_m[w]);
+    any |= s_l[w] != 0.0f;
+  }
+  if (!any) {  // no visible key at all (every visible score NaN: M = -inf, scale NaN, the row NaN below)
     store_row(out, lse, tid, 0, num::kNegInf);
     return;
   }

@@ -418,8 +418,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     return;
   }
   if ((tid & 7) == 0) {
-    // No visible key <=> m = -inf (then l = 0); a NaN score leaves m finite and l NaN: out and lse NaN.
-    const bool any = m_run != num::kNegInf;
+    // No visible key <=> l = 0 (a finite visible score gives l >= 1); a NaN score makes l NaN: out and lse
+    // NaN (also when every visible score is NaN and m stayed -inf).
+    const bool any = l_run != 0.0f;
     sm.inv_l[sr] = any ? 1.0f / l_run : 0.0f;
     if (s_valid) p.lse[row0 + tile_row0 + sr] = any ? m_run * kLn2 + logf(l_run) : num::kNegInf;
   }

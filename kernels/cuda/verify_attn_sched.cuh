@@ -107,11 +107,16 @@ struct CombineCounts {
 // (node_offsets must be well formed, so every count and total fits in int: the host bounds them), then a
 // warp-shuffle scan and the warp totals (two barriers). s_items / s_rows [kThreads] receive the inclusive
 // prefix sums per thread chunk. Ends with a barrier. Threads past the first kThreads (the sm_90a kernel's
-// producer warpgroup) only take part in the barriers.
-template <class F>
+// producer warpgroup, which instantiates it with kJoinOnly) only take part in the barriers.
+template <bool kJoinOnly = false, class F>
 __device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows) {
   __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (kJoinOnly) {
+    __syncthreads();
+    __syncthreads();
+    return;
+  }
   const bool scans = tid < kThreads;
   const int per = (p.batch + kThreads - 1) / kThreads;
   const int r_lo = scans && tid * per < p.batch ? tid * per : p.batch;
@@ -176,7 +181,8 @@ __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
 // One CTA per row (an item): warp w sums the splits s = w, w + 8, ... in increasing order (lane: dims
 // [4 lane + 128 k, +4), k < 4: coalesced 512-byte warp loads per split), then the 8 warp sums are added in
 // warp order. The order depends only on the split count, so the result is deterministic and batch
-// invariant. A split marked bad (m = NaN) makes the row NaN; no visible key at all (M = -inf): 0 / -inf.
+// invariant. A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN; no visible key
+// at all (M = -inf, every l = 0): 0 / -inf.
 __global__ void __launch_bounds__(kThreads)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml) {
   __shared__ int s_items[kThreads], s_rows[kThreads];
@@ -198,8 +204,8 @@ __global__ void __launch_bounds__(kThreads)
     float m_max = num::kNegInf;
     bool bad = false;
     for (int s = tid; s < plan.splits; s += kThreads) {
-      const float m = ws_ml[(prow + s * n_rows) * 2];
-      bad |= isnan(m);
+      const float m = ws_ml[(prow + s * n_rows) * 2], l = ws_ml[(prow + s * n_rows) * 2 + 1];
+      bad |= isnan(m) || isnan(l);  // a bad page (m NaN) or a NaN score (l NaN; m -inf if all were NaN)
       m_max = fmaxf(m_max, m);
     }
     m_max = warp_max(m_max);
@@ -274,13 +280,16 @@ __device__ __forceinline__ Item* round_items() {
   __shared__ Item s_list[kMaxItemsPerCta];
   return s_list;
 }
-template <int RowTile, class Process>
+// kJoinOnly: threads that neither scan nor locate items (the sm_90a kernel's producer warpgroup: its copy of
+// this code then fits its 40 registers), but read the list and take part in every barrier.
+template <int RowTile, bool kJoinOnly = false, class Process>
 __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys, int* scan_buf, Process process) {
   Item* s_list = round_items();
   const int tid = threadIdx.x;
   const int H = p.heads;
   DDT_PROF_INIT();
   if (offsets_bad(p)) {
+    if (kJoinOnly) return;
     fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
               num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
     if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
@@ -291,9 +300,9 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
     __syncthreads();  // the previous round's items are done with the shared buffers and s_list
     int* s_items = scan_buf;
     int* s_rows = s_items + kThreads;
-    scan_requests(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
+    scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
     const int total = s_items[kThreads - 1];
-    if (tid < kMaxItemsPerCta) {
+    if (!kJoinOnly && tid < kMaxItemsPerCta) {
       const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
       s_list[tid] =
           b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
@@ -307,9 +316,11 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
       process(item);
     }
   }
-  const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
-  fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
-            num::kNegInf);
+  if (!kJoinOnly) {
+    const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
+    fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
+              num::kNegInf);
+  }
   DDT_PROF_FLUSH();
 }
 

@@ -100,8 +100,18 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// The two math warpgroups alone (named barrier 1, 256 threads; barrier 0 is __syncthreads, all 384).
+// Named barriers: 1 = the two math warpgroups (256 threads), 2 = the producer warpgroup (128); barrier 0 is
+// __syncthreads (all 384: the shared driver's round boundaries only).
 __device__ __forceinline__ void math_bar() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// An OR over one role's threads (a barrier of that role).
+template <int kBarrier, int kCount>
+__device__ __forceinline__ bool role_bar_or(bool v) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred in, out;\nsetp.ne.u32 in, %1, 0;\nbar.red.or.pred out, %2, %3, in;\nselp.u32 %0, 1, 0, out;\n}\n"
+      : "=r"(r) : "r"(uint32_t(v)), "n"(kBarrier), "n"(kCount) : "memory");
+  return r != 0;
+}
 // Register reallocation between warpgroups (every warp of the warpgroup executes it).
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -213,15 +223,19 @@ __device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, c
   g.ntiles = (g.ke - g.kb + kKeys - 1) / kKeys;
   return g;
 }
-// Every thread of the CTA (both roles): is the request's shape or a page of the key range bad? (a CTA-wide
-// OR: ends with a barrier; every thread checks a strided share of the pages)
+// Is the request's shape or a page of the key range bad? Each role decides it alike on its own (an OR over
+// its threads, each checking a strided share of the pages: the math warps through barrier 1, the producer
+// through barrier 2), so the producer never waits for the math warps between items.
+template <bool kProducer>
 __device__ bool item_bad(const ddt_verify_attn_params& p, const ItemGeom& g) {
+  constexpr int kRole = kProducer ? kCtaThreads - kThreads : kThreads;
+  const int rt = kProducer ? int(threadIdx.x) - kThreads : int(threadIdx.x);
   bool bad = !g.shape_ok;
   if (!bad && g.ke > g.kb) {
     const int64_t pg0 = g.kb / p.page_size, pg1 = (g.ke + p.page_size - 1) / p.page_size;
-    for (int64_t k = pg0 + threadIdx.x; k < pg1; k += kCtaThreads) bad |= !page_ok(p, g.q, k);
+    for (int64_t k = pg0 + rt; k < pg1; k += kRole) bad |= !page_ok(p, g.q, k);
   }
-  return __syncthreads_or(bad);
+  return role_bar_or<kProducer ? 2 : 1, kRole>(bad);
 }
 
 // The KV pipeline: two stages; full[b] completes when stage b's tile has landed (TMA: one arrival with the
@@ -243,9 +257,10 @@ struct Pipe {
 __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, uint32_t sbase,
                              const Pipe& pipe, uint32_t& empty_phase) {
 #if DDT_SM90_BODY
-  __syncthreads();  // the previous item is done with every shared buffer (pairs with process_item's)
+  // (No barrier with the math warps: the stages are handed over through the mbarriers alone, so the next
+  // item's first tiles load while the math warps finish this one.)
   const ItemGeom g = item_geom(p, split_keys, item);
-  if (item_bad(p, g)) return;
+  if (item_bad<true>(p, g)) return;
   const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
   if (pipe.tma && pt != 0) return;
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
@@ -292,7 +307,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   const int g = lane >> 2, c = lane & 3;
   const int H = p.heads;
   const float nan = num::bits_f32(0x7FC00000u);
-  __syncthreads();  // the previous item is done with every shared buffer
+  math_bar();  // every math warp is done with the previous item's Q, P and red
   DDT_PROF_START(tp);
   DDT_PROF_COUNT(9);
 
@@ -335,7 +350,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
   }
 
-  if (item_bad(p, geo)) {
+  if (item_bad<false>(p, geo)) {
     cp_async_wait_all();  // Q's copies land before the next item reuses the buffer
     if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
     if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
@@ -534,8 +549,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<float2*>(o + 8 * j) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     } else {
-      // No visible key <=> m = -inf (then l = 0); a NaN score leaves m finite and l NaN: out and lse NaN.
-      const bool any = m != num::kNegInf;
+      // No visible key <=> l = 0 (a finite visible score gives l >= 1); a NaN score makes l NaN: out and
+      // lse NaN (also when every visible score is NaN and m stayed -inf).
+      const bool any = l != 0.0f;
       const float inv = any ? 1.0f / l : 0.0f;
       if (wg == 0 && c == 0) p.lse[row0 + tile_row0 + r] = any ? m * kLn2 + logf(l) : num::kNegInf;
       uint32_t* o = reinterpret_cast<uint32_t*>(p.out + (row0 + tile_row0 + r) * kDimV + col);
@@ -577,7 +593,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     setmaxnreg_dec<40>();
     uint32_t empty_phase = 0;
     const uint32_t sbase = smem_u32(base);
-    run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
+    run_flash_items<kRows, true>(p, split_keys, scan_buf, [&](const Item& item) {
       produce_item(p, split_keys, item, sbase, pipe, empty_phase);
     });
   } else {

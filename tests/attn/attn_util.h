@@ -448,4 +448,31 @@ inline Result run_cpu(const Problem& p, uint16_t out_poison = 0xFFFF, uint32_t s
   return res;
 }
 
+// NaN scores are never hidden (a NaN in q or in a visible key makes the row NaN, out and lse; only "no visible
+// key" gives 0 / -inf). Three requests: in request 0, node 1's q is NaN in every head (every score of those
+// rows NaN: the running max never leaves -inf) and node 3's q has one NaN dim per head; request 1's prefix
+// key 0 has a NaN in its K part (every row of request 1 sees one NaN score among finite ones); request 2 is
+// clean. nan_nodes lists the nodes whose every head must come out NaN.
+struct NanScoreCase {
+  Problem p;
+  std::vector<int> nan_nodes;
+};
+inline NanScoreCase make_nan_score_problem(uint64_t seed, int page_size, int heads = 8) {
+  Options o;
+  o.heads = heads;
+  o.page_size = page_size;
+  NanScoreCase c{make_problem(seed, {{300, 5, Shape::kBushy}, {200, 7, Shape::kChain}, {70, 3, Shape::kStar}}, o), {}};
+  Problem& p = c.p;
+  for (int h = 0; h < heads; ++h) {
+    uint16_t* q1 = p.q.data() + (size_t(p.offsets[0] + 1) * heads + h) * kQK;
+    std::fill(q1, q1 + kQK, kNaN16);
+    p.q[(size_t(p.offsets[0] + 3) * heads + h) * kQK + 10 + h] = kNaN16;
+  }
+  const int64_t page = p.page_table[size_t(1) * p.max_pages + 0];  // request 1, slot 0
+  p.kv[size_t(page) * size_t(page_size) * kQK + 5] = kNaN16;
+  c.nan_nodes = {p.offsets[0] + 1, p.offsets[0] + 3};
+  for (int n = p.offsets[1]; n < p.offsets[2]; ++n) c.nan_nodes.push_back(n);
+  return c;
+}
+
 }  // namespace ddtree::test::attn

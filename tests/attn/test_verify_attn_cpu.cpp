@@ -155,6 +155,33 @@ TEST(VerifyAttnCpu, NoVisibleKeyAndPaddingRows) {
   EXPECT_EQ(got.status, 0u);
 }
 
+// NaN scores: the rows that see one are NaN (out and lse), also when every score of the row is NaN; every
+// other row exactly as in a clean run; no status bit (the data is not malformed, only not finite).
+TEST(VerifyAttnCpu, NanScoresMakeTheirRowsNaN) {
+  for (int page : {1, 64}) {
+    SCOPED_TRACE("page " + std::to_string(page));
+    const NanScoreCase c = make_nan_score_problem(57, page);
+    const Problem& p = c.p;
+    const Result got = run_cpu(p);
+    const Result clean = run_cpu(make_problem(57, p.reqs, p.opt));
+    ASSERT_EQ(got.rc, DDT_OK);
+    EXPECT_EQ(got.status, 0u);
+    for (int row = 0; row < p.total_nodes; ++row) {
+      const bool want_nan = std::find(c.nan_nodes.begin(), c.nan_nodes.end(), row) != c.nan_nodes.end();
+      for (int h = 0; h < p.opt.heads; ++h) {
+        const size_t rh = size_t(row) * p.opt.heads + h;
+        if (want_nan) {
+          EXPECT_TRUE(std::isnan(got.lse[rh])) << "row " << row << " head " << h;
+          for (int d = 0; d < kV; ++d) ASSERT_TRUE(std::isnan(bf16_f32(got.out[rh * kV + d]))) << "row " << row;
+        } else {
+          EXPECT_EQ(0, std::memcmp(&got.lse[rh], &clean.lse[rh], 4)) << "row " << row;
+          EXPECT_EQ(0, std::memcmp(&got.out[rh * kV], &clean.out[rh * kV], kV * 2)) << "row " << row;
+        }
+      }
+    }
+  }
+}
+
 // Device-data errors: DDT_DATA_BAD_INDEX, the offending request's rows NaN, every other row exactly as
 // in a clean run. Malformed node_offsets poison every row.
 TEST(VerifyAttnCpu, BadIndicesPoisonOnlyTheirRequest) {

@@ -253,6 +253,31 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
     }
 }
 
+// NaN scores (a NaN q row, a NaN dim of q, a NaN in a visible key; attn_util.h): every kernel gives the rows
+// that see one NaN (out and lse) like the CPU twin, the others to the bar; split and unsplit paths, TMA
+// (page 64) and cp.async (page 1) loads.
+TEST(VerifyAttnGpu, NanScoresMakeTheirRowsNaN) {
+  for (int page : {1, 64}) {
+    const NanScoreCase c = make_nan_score_problem(57, page);
+    const Result cpu = run_cpu(c.p);
+    ASSERT_EQ(cpu.rc, DDT_OK);
+    for (const Kernel& k : kernels_under_test()) {
+      SCOPED_TRACE(std::string(k.name) + ", page " + std::to_string(page));
+      const Result gpu = run_gpu(c.p, k.fn);
+      EXPECT_EQ(gpu.status, 0u);
+      const Report rep = compare_results(gpu, cpu, c.p.opt.heads, k.vs_twin);
+      std::printf("  NaN scores, page %-2d %-8s vs twin: %s\n", page, k.name, rep.str().c_str());
+      EXPECT_TRUE(rep.ok) << rep.str();
+      for (int node : c.nan_nodes)
+        for (int h = 0; h < c.p.opt.heads; ++h) {
+          const size_t rh = size_t(node) * c.p.opt.heads + h;
+          EXPECT_TRUE(std::isnan(gpu.lse[rh])) << "node " << node << " head " << h;
+          EXPECT_TRUE(std::isnan(bf16_f32(gpu.out[rh * kV]))) << "node " << node << " head " << h;
+        }
+    }
+  }
+}
+
 // A tree wider than 64 W (N_r > 64 vis_words) is a shape error of that request only (its rows past 64 W
 // included: the portable kernel gives an invalid request one unsplit item per row tile, each poisoning its
 // rows). Both kernels: status bit, that request's rows NaN, the others right.
