@@ -12,7 +12,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 namespace ddtree::kern {
 
@@ -28,27 +30,35 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Whether launches use PDL: the current device supports it (compute capability >= 9.0, asked once per
-// device) and the environment does not turn it off (DDTREE_PDL=0: for comparisons and debugging).
-inline bool pdl_supported() {
+// Whether a launch of `kernel` uses PDL: the environment does not turn it off (DDTREE_PDL=0: for comparisons
+// and debugging), the current device supports it (compute capability >= 9.0) and the kernel's loaded image
+// was compiled for a >= 9.0 target (cudaFuncGetAttributes' ptxVersion): code JIT-compiled from older PTX has
+// no griddepcontrol.wait (pdl_wait compiles to nothing below sm_90) and must not start early. Asked once per
+// (device, kernel); host queries only, so it is safe inside a stream capture.
+inline bool pdl_supported(const void* kernel) {
   static const bool enabled = [] {
     const char* e = std::getenv("DDTREE_PDL");
     return !(e && e[0] == '0' && e[1] == 0);
   }();
   if (!enabled) return false;
-  constexpr int kMaxDevices = 64;
-  static signed char known[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) { (void)cudaGetLastError(); return false; }
-  if (known[dev] == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    known[dev] = major >= 9 ? 1 : -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) { (void)cudaGetLastError(); return false; }
+  struct Known { int dev; const void* kernel; bool ok; };
+  static std::mutex mu;
+  static std::vector<Known> known;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Known& k : known)
+    if (k.dev == dev && k.kernel == kernel) return k.ok;
+  int major = 0;
+  cudaFuncAttributes fa{};
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
   }
-  return known[dev] > 0;
+  const bool ok = major >= 9 && fa.ptxVersion >= 90;
+  known.push_back({dev, kernel, ok});
+  return ok;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization where supported.
@@ -64,7 +74,7 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_supported() ? 1 : 0;
+  cfg.numAttrs = pdl_supported(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

@@ -608,7 +608,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
 
 // Per device, once: compute capability 9.0, the dynamic shared-memory opt-in and the resident grid sizes.
 struct DeviceInfo {
-  int state = 0;         // 0 not asked, 1 ok, -1 not an sm_90 device, -2 CUDA query / opt-in failed
+  int state = 0;         // 0 not asked, 1 ok, -1 not an sm_90 device, -2 CUDA query / opt-in failed,
+                         // -3 the loaded kernel has no body (a build for plain sm_90 / compute_90, not sm_90a)
   int main_ctas = 0;     // resident main-kernel CTAs (one per SM)
   int combine_ctas = 0;  // resident combine CTAs
 };
@@ -628,6 +629,14 @@ DeviceInfo device_info() {
     return {-2, 0, 0};
   }
   if (major != 9 || minor != 0) return info[dev] = {-1, 0, 0};
+  // The body exists only in sm_90a code (DDT_SM90_BODY); an image built for plain 90 loads an empty kernel
+  // on this device. The body's static shared memory (red, the mbarriers, the item list) tells them apart.
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {-2, 0, 0};
+  }
+  if (fa.sharedSizeBytes == 0) return info[dev] = {-3, 0, 0};
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaFuncSetAttribute(verify_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
           cudaSuccess ||
@@ -694,9 +703,12 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   if (dev.state == -1)
     return fail(DDT_ERR_ARCH, "verify_attn_sm90: needs a compute capability 9.0 GPU (H100 / H200); use the "
                               "portable kernel on other GPUs");
+  if (dev.state == -3)
+    return fail(DDT_ERR_ARCH, "verify_attn_sm90: this library was built without sm_90a code (CUDA architectures "
+                              "must include 90a, not only 90); use the portable kernel or rebuild");
   if (dev.state != 1)
     return fail(DDT_ERR_CUDA, "verify_attn_sm90: cannot query the device or opt in to 226 KB of dynamic shared "
-                              "memory (a build without sm_90a?)");
+                              "memory");
   if (p->total_nodes == 0) return DDT_OK;
   const attn::Bounds b = attn::capacity_bounds(*p, split_keys);  // items bound of 32-row tiles: >= 64-row items
   int64_t grid = std::min<int64_t>(b.items, dev.main_ctas);

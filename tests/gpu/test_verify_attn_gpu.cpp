@@ -80,7 +80,8 @@ int portable(const ddt_verify_attn_params* p, void* stream) {
 }
 const Kernel kPortable{"portable", portable<512>, Tol{}};
 const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
-// The sm_90a kernel (compute capability 9.0 only) at 512, 64 and 0 (never split).
+// The sm_90a kernel (compute capability 9.0 only) at 512, 64, 96 and 0 (never split). 96: key ranges that start
+// off a 64-key boundary (split 1 starts at 96): the cp.async path whatever the page size.
 template <int kSplitKeys>
 int sm90(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_sm90_with_workspace(p, kSplitKeys, stream);
@@ -93,6 +94,7 @@ const std::vector<Kernel>& kernels_under_test() {
     if (ddtree::test::gpu_is_sm90()) {
       v.push_back({"sm90", sm90<512>, Tol{}});
       v.push_back({"sm90-s64", sm90<64>, Tol{}});
+      v.push_back({"sm90-s96", sm90<96>, Tol{}});
       v.push_back({"sm90-s0", sm90<0>, Tol{}});
     } else {
       std::printf("  (not compute capability 9.0: the sm_90a kernel is not in the kernel lists)\n");
