@@ -208,7 +208,9 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  *   out[row, h, :] = sum_j softmax(s)_j * kv[j, 0:512]                  (V = the c_kv part of the row)
  *   lse[row, h]    = ln(sum_j exp(s_j))  over visible j: natural log, of the SCALED scores
  *                    (exp(s_j - lse) is the probability of key j).
- * A row with no visible key gives out = 0, lse = -inf (cannot happen for a tree: a node sees itself).
+ * A row with no visible key gives out = 0, lse = -inf (cannot happen for a tree: a node sees itself). A NaN
+ * score (a NaN in the row's q or in a visible key) makes the row's out and lse NaN, also when every visible
+ * score is NaN; no status bit (the indices are fine).
  * Rows [node_offsets[batch], total_nodes) belong to no request (padding, e.g. a CUDA graph captured for a
  * maximum node count): out = 0, lse = -inf, no status bit.
  * Data checks (device data, so in the kernel; a failure ORs DDT_DATA_BAD_INDEX into *status, nothing
@@ -279,11 +281,12 @@ int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void* stream);
 int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* p, int split_keys, size_t* bytes);
 int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
                                   size_t workspace_bytes, void* stream);
-/* The sm_90a flash kernel (Hopper: wgmma with operands in shared memory, 64-row x 64-key tiles): the same
- * semantics, checks, outputs, split_keys rule, workspace (ddt_verify_attn_portable_workspace sizes it) and
- * combine as the portable kernel, to the correctness bar; batch invariant, chain node == single-node decode
- * bitwise for one split_keys, no host sync, no allocation, CUDA-graph safe. Returns DDT_ERR_ARCH on a GPU of
- * another compute capability than 9.0. */
+/* The sm_90a flash kernel (Hopper: wgmma with operands in shared memory, 64-row x 64-key tiles, a producer
+ * warpgroup loading the KV tiles): the same semantics, checks, outputs, split_keys rule, workspace
+ * (ddt_verify_attn_portable_workspace sizes it) and combine as the portable kernel, to the correctness bar;
+ * batch invariant, chain node == single-node decode bitwise for one split_keys, no host sync, no allocation,
+ * CUDA-graph safe. Returns DDT_ERR_ARCH on a GPU of another compute capability than 9.0, or when the library
+ * holds no sm_90a code (built for plain 90). */
 int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
                               size_t workspace_bytes, void* stream);
 
