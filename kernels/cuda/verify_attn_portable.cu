@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/validate.h"
@@ -467,8 +468,10 @@ struct DeviceInfo {
 DeviceInfo device_info() {
   constexpr int kMaxDevices = 64;
   static DeviceInfo info[kMaxDevices];
+  static std::mutex mu;  // launches may come from several host threads
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) { (void)cudaGetLastError(); return {}; }
+  std::lock_guard<std::mutex> lock(mu);
   if (info[dev].ok) return info[dev];
   int sms = 0, occ = 0, occ2 = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstdint>
+#include <mutex>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "kernels/common/validate.h"
@@ -595,6 +596,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     const uint32_t sbase = smem_u32(base);
     run_flash_items<kRows, true>(p, split_keys, scan_buf, [&](const Item& item) {
       produce_item(p, split_keys, item, sbase, pipe, empty_phase);
+      __syncwarp();  // warp 8 converged again (on the TMA path lane 0 alone ran the tiles) before any barrier
     });
   } else {
     setmaxnreg_inc<232>();
@@ -616,11 +618,13 @@ struct DeviceInfo {
 DeviceInfo device_info() {
   constexpr int kMaxDevices = 64;
   static DeviceInfo info[kMaxDevices];
+  static std::mutex mu;  // launches may come from several host threads
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     (void)cudaGetLastError();
     return {-2, 0, 0};
   }
+  std::lock_guard<std::mutex> lock(mu);
   if (info[dev].state != 0) return info[dev];
   int major = 0, minor = 0, sms = 0, occ = 0, occ2 = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||

@@ -210,7 +210,11 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  *                    (exp(s_j - lse) is the probability of key j).
  * A row with no visible key gives out = 0, lse = -inf (cannot happen for a tree: a node sees itself). A NaN
  * score (a NaN in the row's q or in a visible key) makes the row's out and lse NaN, also when every visible
- * score is NaN; no status bit (the indices are fine).
+ * score is NaN; no status bit (the indices are fine). Non-finite KV rows of the request that a row does NOT
+ * see: the twin and the oracle skip them; the flash kernels multiply them by a probability of 0 inside the
+ * tensor-core product, so a NaN / inf in the V part of such a row (slots [0, P_r + N_r): written by the model,
+ * so the model already produced it) may turn other rows of the same 64-key tile (sm_90a) or 32-key tile
+ * (portable) NaN. +-inf inputs in general give implementation-dependent non-finite or empty rows.
  * Rows [node_offsets[batch], total_nodes) belong to no request (padding, e.g. a CUDA graph captured for a
  * maximum node count): out = 0, lse = -inf, no status bit.
  * Data checks (device data, so in the kernel; a failure ORs DDT_DATA_BAD_INDEX into *status, nothing
