@@ -14,7 +14,7 @@
 //   --chain            every tree a chain: the causal case (default: random bushy trees)
 //   --portable-only    skip the oracle
 //   --sm90-only        skip the oracle and the portable kernel (the sm_90a kernel only)
-//   --split-keys N     the portable kernel's split length (default 512; 0: never split)
+//   --split-keys N     the flash kernels' split length (portable and sm_90a; default 512; 0: never split)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
 //   --min-fraction F   exit 1 if the portable kernel's fraction of the roofline is below F on a shape
 //                      (default 0: no floor; the oracle is never held to it)
@@ -64,7 +64,7 @@ struct KernelRow {
   const char* name;
   int (*fn)(const ddt_verify_attn_params*, void*);
 };
-int g_split_keys = 512;  // --split-keys: the portable kernel's split length (0: never split)
+int g_split_keys = 512;  // --split-keys: the flash kernels' split length (0: never split)
 int portable_kernel(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_portable_with_workspace(p, g_split_keys, stream);
 }
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
               g_sm90 ? "timed" : "not run: not compute capability 9.0", prop.name, prop.multiProcessorCount);
   std::printf("# same-run device copy %.2f TB/s (read + write); roofline ceilings fixed at 4.3 TB/s and 790 TFLOP/s "
               "(reference/mla-verify-attention.md); H = %d, page size %d, %s pages, %s trees, L2 flushed before each "
-              "sample; portable split_keys %d\n",
+              "sample; split_keys %d (both flash kernels)\n",
               copy_tbs, kHeads, g_page, g_contiguous ? "contiguous" : "shuffled", g_chain ? "chain" : "bushy",
               g_split_keys);
   std::printf("# bytes = batch x (1152 (P+T) + 2176 H T); FLOPs = batch x 2176 H T (P+T); fraction = roofline us / us\n\n");
