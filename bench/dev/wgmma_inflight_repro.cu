@@ -1,11 +1,17 @@
 // Minimal reproducer (compile-only) of the ptxas behaviour that blocked keeping S in flight across loop
 // iterations in the sm_90a attention kernel (docs/PERF_NOTES.md S12): an S accumulator (m64n32) issued at
 // the end of an iteration and awaited in the next, with a second accumulator O whose wgmmas are issued and
-// awaited inside the iteration. ptxas reports C7514 ("wgmma.mma_async instructions are serialized due to non
-// wgmma instructions reading accumulator registers") or injects a full wgmma wait at the loop top (C7517);
-// moving O's rescale to the end of the iteration does not help. A starting point for the next attempt.
+// awaited inside the iteration. A starting point for the next attempt.
 // build: nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 -c bench/dev/wgmma_inflight_repro.cu \
-//          -o /tmp/repro.o -Xptxas -v   [-DRESCALE -DSTOREP: the variant with a wait injected at the loop top]
+//          -o /tmp/repro.o -Xptxas -v [variant flags]
+// What ptxas (CUDA 13) says, per variant:
+//   (none)          C7514: "wgmma.mma_async instructions are serialized due to non wgmma instructions reading
+//                   accumulator registers"
+//   -DNO_PV         clean: S alone in flight across the back edge is fine
+//   -DRESCALE       O *= alpha before PV's issue: C7517, a full wgmma wait injected at the loop top (it awaits S
+//                   before PV is issued, so nothing overlaps)
+//   -DLATE_RESCALE  O *= alpha after PV's wait instead: C7514 again
+//   -DSTOREP        P stores to shared memory: no change (C7514)
 #include <cstdint>
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -45,11 +51,15 @@ __global__ void inflight_repro(float* out, int n, uint64_t dq, uint64_t dk, uint
 #pragma unroll
     for (int i = 0; i < 16; ++i) o[i] *= alpha;
 #endif
+#ifndef NO_PV
     reg_fence(o);
     wgmma_fence();
     for (int st = 0; st < 2; ++st) mma_m64n32k16(o, dp + st * 2, dv + st * 2, 1);  // PV(it)
     wgmma_commit();
     wgmma_wait1();  // S(it)
+#else
+    wgmma_wait0();  // S(it)
+#endif
     reg_fence(s);
     float mx = -1e30f;
 #pragma unroll
@@ -62,6 +72,10 @@ __global__ void inflight_repro(float* out, int n, uint64_t dq, uint64_t dk, uint
     }
     wgmma_wait0();  // PV(it)
     reg_fence(o);
+#ifdef LATE_RESCALE
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o[i] *= alpha;
+#endif
 #ifdef STOREP
 #pragma unroll
     for (int i = 0; i < 16; ++i)
@@ -74,5 +88,5 @@ __global__ void inflight_repro(float* out, int n, uint64_t dq, uint64_t dk, uint
   }
   wgmma_wait0();
   reg_fence(s);
-  out[threadIdx.x] = l + s[0] + o[0] + pr[3];
+  out[threadIdx.x] = l + s[0] + o[0] + pr[3] + alpha;
 }
