@@ -41,7 +41,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/validate.h"
@@ -460,34 +459,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident.
-struct DeviceInfo {
-  bool ok = false;
-  int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
-  int combine_ctas = 0;  // resident combine CTAs
-};
-DeviceInfo device_info() {
-  constexpr int kMaxDevices = 64;
-  static DeviceInfo info[kMaxDevices];
-  static std::mutex mu;  // launches may come from several host threads
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) { (void)cudaGetLastError(); return {}; }
-  std::lock_guard<std::mutex> lock(mu);
-  if (info[dev].ok) return info[dev];
-  int sms = 0, occ = 0, occ2 = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaFuncSetAttribute(verify_attn_portable_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, verify_attn_portable_kernel, kThreads, kSmemBytes) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
-      occ < 1 || occ2 < 1) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  info[dev].main_ctas = occ * sms;
-  info[dev].combine_ctas = occ2 * sms;
-  info[dev].ok = true;
-  return info[dev];
+FlashDeviceInfo device_info() {
+  return cached_device_info(
+      [](int dev) { return resident_grids(verify_attn_portable_kernel, kThreads, kSmemBytes, dev); });
 }
 
 }  // namespace
@@ -498,8 +472,8 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   using namespace ddtree::kern;
   if (int rc = attn::check_flash_call(p, split_keys, workspace, workspace_bytes, "verify_attn_portable")) return rc;
   if (p->total_nodes == 0) return DDT_OK;  // no row to write (batch > 0 then needs off[batch] = 0 anyway)
-  const attn::DeviceInfo dev = attn::device_info();
-  if (!dev.ok)
+  const attn::FlashDeviceInfo dev = attn::device_info();
+  if (dev.state != 1)
     return fail(DDT_ERR_CUDA, "verify_attn_portable: cannot opt in to 97 KB of dynamic shared memory or query "
                               "occupancy (a GPU or build without this kernel's architecture?)");
   const attn::Bounds b = attn::capacity_bounds(*p, split_keys);

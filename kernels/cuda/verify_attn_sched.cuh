@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "kernels/common/bf16.h"
@@ -325,6 +326,47 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
 }
 
 // ---- host side, shared by the two flash launchers ----
+// What a flash launcher needs to know about the current device, asked once per device and launcher.
+struct FlashDeviceInfo {
+  int state = 0;         // 0 not asked, 1 ok, -2 a CUDA query or opt-in failed (not cached: asked again),
+                         // other negative values: the launcher's own refusals (cached)
+  int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
+  int combine_ctas = 0;  // resident combine CTAs
+};
+// Opts `kernel` in to `smem` bytes of dynamic shared memory and sizes both launches' persistent grids on
+// device `dev`: state 1, or -2 with the CUDA error cleared.
+template <class Kernel>
+inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int dev) {
+  int sms = 0, occ = 0, occ2 = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
+      occ < 1 || occ2 < 1) {
+    (void)cudaGetLastError();
+    return {-2, 0, 0};
+  }
+  return {1, occ * sms, occ2 * sms};
+}
+// query(dev) -> FlashDeviceInfo for the current device, cached per device behind a mutex (launches may come
+// from several host threads); one cache per launcher (each passes its own lambda type).
+template <class Query>
+FlashDeviceInfo cached_device_info(Query query) {
+  constexpr int kMaxDevices = 64;
+  static FlashDeviceInfo info[kMaxDevices];
+  static std::mutex mu;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return {-2, 0, 0};
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (info[dev].state != 0) return info[dev];
+  const FlashDeviceInfo got = query(dev);
+  if (got.state != -2) info[dev] = got;
+  return got;
+}
+
 // Arguments, split_keys and the caller's workspace against what these capacities need (ddtree/kernels.h
 // section 4). DDT_OK or the error code, with its message recorded (name: the entry point, for the message).
 inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, const void* workspace,

@@ -39,7 +39,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstdint>
-#include <mutex>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "kernels/common/validate.h"
@@ -608,50 +607,28 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
 #endif
 }
 
-// Per device, once: compute capability 9.0, the dynamic shared-memory opt-in and the resident grid sizes.
-struct DeviceInfo {
-  int state = 0;         // 0 not asked, 1 ok, -1 not an sm_90 device, -2 CUDA query / opt-in failed,
-                         // -3 the loaded kernel has no body (a build for plain sm_90 / compute_90, not sm_90a)
-  int main_ctas = 0;     // resident main-kernel CTAs (one per SM)
-  int combine_ctas = 0;  // resident combine CTAs
-};
-DeviceInfo device_info() {
-  constexpr int kMaxDevices = 64;
-  static DeviceInfo info[kMaxDevices];
-  static std::mutex mu;  // launches may come from several host threads
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return {-2, 0, 0};
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  if (info[dev].state != 0) return info[dev];
-  int major = 0, minor = 0, sms = 0, occ = 0, occ2 = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {-2, 0, 0};
-  }
-  if (major != 9 || minor != 0) return info[dev] = {-1, 0, 0};
-  // The body exists only in sm_90a code (DDT_SM90_BODY); an image built for plain 90 loads an empty kernel
-  // on this device. The body's static shared memory (red, the mbarriers, the item list) tells them apart.
-  cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {-2, 0, 0};
-  }
-  if (fa.sharedSizeBytes == 0) return info[dev] = {-3, 0, 0};
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaFuncSetAttribute(verify_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, verify_attn_sm90_kernel, kCtaThreads, kSmemBytes) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
-      occ < 1 || occ2 < 1) {
-    (void)cudaGetLastError();
-    return {-2, 0, 0};
-  }
-  return info[dev] = {1, occ * sms, occ2 * sms};
+// Per device, once: compute capability 9.0, a body in the loaded image, the dynamic shared-memory opt-in and
+// the resident grid sizes. States beyond FlashDeviceInfo's: -1 not an sm_90 device, -3 the loaded kernel has
+// no body (a build for plain sm_90 / compute_90, not sm_90a).
+FlashDeviceInfo device_info() {
+  return cached_device_info([](int dev) -> FlashDeviceInfo {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {-2, 0, 0};
+    }
+    if (major != 9 || minor != 0) return {-1, 0, 0};
+    // The body exists only in sm_90a code (DDT_SM90_BODY); an image built for plain 90 loads an empty kernel
+    // on this device. The body's static shared memory (red, the mbarriers, the item list) tells them apart.
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {-2, 0, 0};
+    }
+    if (fa.sharedSizeBytes == 0) return {-3, 0, 0};
+    return resident_grids(verify_attn_sm90_kernel, kCtaThreads, kSmemBytes, dev);
+  });
 }
 
 // The KV cache for TMA, boxes in the layout wgmma reads (128-byte swizzle, 1,024-byte aligned boxes of
@@ -703,7 +680,7 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
                                          size_t workspace_bytes, void* stream) {
   using namespace ddtree::kern;
   if (int rc = attn::check_flash_call(p, split_keys, workspace, workspace_bytes, "verify_attn_sm90")) return rc;
-  const attn::DeviceInfo dev = attn::device_info();
+  const attn::FlashDeviceInfo dev = attn::device_info();
   if (dev.state == -1)
     return fail(DDT_ERR_ARCH, "verify_attn_sm90: needs a compute capability 9.0 GPU (H100 / H200); use the "
                               "portable kernel on other GPUs");
