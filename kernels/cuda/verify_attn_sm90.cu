@@ -72,6 +72,18 @@ static_assert(kThreads == 256 && kRows * 4 == kThreads, "Q loader: 4 threads per
 static_assert(kCtaThreads - kThreads == 2 * kRows, "cp.async KV loader: 2 producer threads per key row");
 static_assert(kDimQK == 576 && kDimV == 512, "tiling assumes 512 latent + 64 rope dims");
 static_assert(2 * kPBytes >= 2 * kThreads * 4, "the request scan (2 x 256 int) fits the P buffers");
+// The narrow path (requests of at most kNarrowRows rows; process_narrow): rows are wgmma's N. Its buffers
+// live in the wide path's Q region (the item's first math_bar separates items of either path):
+constexpr int kNarrowRows = 16;                      // wgmma N: T 1 at H 8 / 16, T 2 at H 8
+constexpr int kNBox = kNarrowRows * 128;             // 2,048: one [16 rows][64 bf16] 128B-swizzled box
+constexpr int kOffNQ = kOffQ;                        // Q^T: 9 boxes (576 dims), 18,432
+constexpr int kOffNP = kOffNQ + 9 * kNBox;           // per warpgroup: P^T hi, P^T lo (2 x 2,048)
+constexpr int kOffNPf = kOffNP + 2 * 2 * kNBox;      // P f32 [16 rows][64 keys] (warpgroup 0's row sums)
+constexpr int kOffNRed = kOffNPf + kNarrowRows * kKeys * 4;   // [2 warpgroups][4 warps][16 rows] f32 maxima
+constexpr int kOffNL = kOffNRed + 2 * 4 * kNarrowRows * 4;    // [16 rows][8] f32 row-sum partials
+constexpr int kOffNFin = kOffNL + kNarrowRows * 8 * 4;        // [16 rows] final (m, l)
+static_assert(kOffNFin + kNarrowRows * 8 <= kOffQ + kQBytes, "the narrow path's buffers fit the Q region");
+static_assert(kOffNP % 1024 == 0 && kNBox % 1024 == 0, "P^T boxes start on 1,024-byte boundaries (swizzle atoms)");
 
 // ---- PTX wrappers (sm_90a) ----
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -103,6 +115,8 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 // Named barriers: 1 = the two math warpgroups (256 threads), 2 = the producer warpgroup (128); barrier 0 is
 // __syncthreads (all 384: the shared driver's round boundaries only).
 __device__ __forceinline__ void math_bar() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// 3 + w: math warpgroup w alone (128 threads; the narrow path's per-tile barriers).
+__device__ __forceinline__ void wg_bar(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory"); }
 // An OR over one role's threads (a barrier of that role).
 template <int kBarrier, int kCount>
 __device__ __forceinline__ bool role_bar_or(bool v) {
@@ -196,12 +210,24 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[128], uint64_t
       : "memory");
 }
 
+// D (64 x 16) += A B, both from shared memory; kTransA / kTransB: 1 = MN-major (V^T in the narrow PV).
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTransA), "n"(kTransB)
+      : "memory");
+}
+
 // The item's geometry (both roles compute it from the item alone): rows [64 t, 64 t + 64) of request r
 // against its split's key range [kb, ke) (kb = split x split_keys), or all keys when not split.
 struct ItemGeom {
   Request q;
   bool shape_ok, is_split;
   int rows_here;              // rows of this tile that exist (< 64 on a request's last tile)
+  int64_t n_rows;             // the request's rows (nodes x heads)
   int64_t row0, tile_row0;    // global flattened row of the request's row 0; the tile's first request row
   int64_t prow0;              // workspace row of the tile's row 0 (split only)
   int64_t kb, ke, ntiles;     // key range and its 64-key tiles
@@ -210,6 +236,7 @@ __device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, c
   ItemGeom g;
   g.q = make_request(p, item.r);
   const int64_t n_rows = int64_t(g.q.nodes) * p.heads;
+  g.n_rows = n_rows;
   g.shape_ok = request_shape_ok(p, g.q);
   const SplitPlan plan = split_plan(g.shape_ok ? g.q.keys : 0, n_rows, split_keys, kRows);
   const int t = item.local % plan.row_tiles, split = item.local / plan.row_tiles;
@@ -298,10 +325,259 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
 #endif
 }
 
+// The narrow path: an item of a request with at most kNarrowRows (16) rows (T 1 at H 8 / 16: decode), so
+// the wide path's 64-row tiles would be 1/8 to 1/4 used. The rows become wgmma's N instead of its M:
+//   S^T [64 keys x 16 rows] = K Q^T  (m64n16k16, A = the KV tile's 9 boxes as they lie (K-major, the wide
+//                                     path's B), B = Q^T: [9 boxes][16 rows][64 dims], K-major; 36 k-steps
+//                                     in the wide path's order: 32 latent, then 4 rope)
+//   O^T [512 dims x 16 rows] += V^T P^T (m64n16k16, A = V read MN-major (the wide path's V descriptor),
+//                                     B = P^T hi, then P^T lo: [16 rows][64 keys] bf16, K-major)
+// Both warpgroups compute the same S^T and softmax (no barrier between them per tile); warpgroup w owns
+// output dims [256 w, 256 w + 256) as 4 accumulators of 64 dims. Every row's result is bitwise the wide
+// path's (FIDELITY rule E: a chain node, computed in a wide item, equals the same row decoded alone, a
+// narrow item): the same k-step order, the same scale / exp2 / hi-lo formulas, and the row sums in the wide
+// path's order (per (warpgroup, quad lane) partials over the same keys: warpgroup 0's threads t hold
+// row t / 8, partial t % 8, from P in f32 in shared memory; then the same adds). It relies on a wgmma dot
+// product giving the same bits with its operands swapped (checked bitwise on the GPU by
+// ChainNodeEqualsSingleNodeDecodeBitwise and Sm90NarrowPathEqualsWidePathBitwise).
+// Thread (warp v of warpgroup w, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
+// 16 v + g + 8 h, row 8 j + 2 c + e), j, h, e in {0, 1}.
+__device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
+                               float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
+#if DDT_SM90_BODY
+  // (tid from an opaque move: values derived from it stay inside the item instead of being hoisted out of
+  // the persistent loops, where they would be live across the wide path too and spill)
+  int tid = threadIdx.x;
+  asm volatile("" : "+r"(tid));
+  const int lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3, wt = tid & 127;
+  const int g = lane >> 2, c = lane & 3;
+  const int H = p.heads;
+  const Request& q = geo.q;
+  const int64_t row0 = geo.row0, prow0 = geo.prow0, kb = geo.kb, ke = geo.ke, ntiles = geo.ntiles;
+  const int rows_here = geo.rows_here;
+  DDT_PROF_START(tp);
+  const uint32_t sbase = smem_u32(base);
+  const uint32_t sq = sbase + kOffNQ;
+  const uint32_t sphi = sbase + uint32_t(kOffNP + wg * 2 * kNBox), splo = sphi + kNBox;
+  unsigned char* phi = base + kOffNP + wg * 2 * kNBox;
+  unsigned char* plo = phi + kNBox;
+  float* pf = reinterpret_cast<float*>(base + kOffNPf);                    // [16][64]
+  float* red = reinterpret_cast<float*>(base + kOffNRed) + wg * 4 * kNarrowRows;  // [4 warps][16]
+  float* lpart = reinterpret_cast<float*>(base + kOffNL);                   // [16][8]
+  float* fin = reinterpret_cast<float*>(base + kOffNFin);                   // [16] x (m, l)
+
+  // This thread's 4 rows (columns of S^T / O^T): n = 8 j + 2 c + e, index i = 2 j + e.
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  float m_run[4];  // running max (log2 units) of this thread's rows
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m_run[i] = num::kNegInf;
+  // Warpgroup 0's row-sum threads: row ln, the wide path's share of warpgroup lw, quad lane lc.
+  const int ln = wt >> 3, lw = (wt >> 2) & 1, lc = wt & 3;
+  float l_m = num::kNegInf, l_part = 0.0f;
+  float acc[4][8];  // O^T blocks: dims 256 wg + 64 b + 16 wv + g (+ 8)
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+#pragma unroll
+    for (int r = 0; r < 8; ++r) acc[b][r] = 0.0f;
+
+#pragma unroll 1
+  for (int64_t it = 0; it < ntiles; ++it) {
+    const int buf = int(it & 1);
+    const int64_t k0 = kb + it * kKeys;
+    DDT_PROF_COUNT(10);
+    if (it == 0) cp_async_wait_all();  // Q^T
+    mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
+    full_phase ^= 1u << buf;
+    const int64_t past = k0 + kKeys - ke;
+    if (pipe.tma && past > 0) {  // as the wide path: zero the rows TMA copied past the key range
+      unsigned char* kvb = base + kOffKv + buf * kKvBytes;
+      const int first = kKeys - int(past);
+      for (int i = tid; i < int(past) * 72; i += kThreads) {
+        const int r = first + i / 72, ch = i % 72;
+        *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    fence_proxy_async();
+    DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
+    if (it == 0 || (pipe.tma && past > 0)) math_bar();  // (A) Q^T / the zeroed rows visible to both warpgroups
+    DDT_PROF_LAP(3, tp);
+    const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
+
+    // S^T = K Q^T over the 576 dims.
+    float s[8];
+    reg_fence(s);
+    wgmma_fence();
+    const uint64_t dk0 = sw128_desc(skv, 16, 1024), dq0 = sw128_desc(sq, 16, 1024);
+#pragma unroll
+    for (int st = 0; st < 36; ++st) {
+      const uint64_t offk = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
+      const uint64_t offq = uint64_t(((st >> 2) * kNBox + (st & 3) * 32) >> 4);
+      wgmma_m64n16k16_ss<0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    reg_fence(s);
+    DDT_PROF_LAP(5, tp);  // S^T
+
+    // Scale and mask (the wide path's masks, per row), max over this thread's 2 keys, the 8 lanes of equal
+    // c (the warp's 16 keys), then the 4 warps through shared memory.
+    uint64_t vm[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) vm[i] = ~uint64_t(0);
+    if (!(k0 + kKeys <= q.prefix && k0 + kKeys <= ke)) {
+      const int64_t t0 = k0 - q.prefix, n_in = ke - k0;
+      const uint64_t in_mask = n_in >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_in) - 1;
+      const uint64_t pre_mask = t0 >= 0 ? 0 : (t0 <= -64 ? ~uint64_t(0) : (uint64_t(1) << -t0) - 1);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // (the vis rows looked up here: few registers live across the loop)
+        const int n = 8 * (i >> 1) + 2 * c + (i & 1);
+        const uint64_t* vis = p.vis + (int64_t(q.first_row) + n / H) * p.vis_words;
+        vm[i] = ((n < rows_here ? vis_window(vis, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+      }
+    }
+    const int ka = 16 * wv + g;  // this thread's keys ka, ka + 8
+    float mx[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ri = 4 * (i >> 1) + (i & 1);  // s[ri] = (ka, row i), s[ri + 2] = (ka + 8, row i)
+      s[ri] = (vm[i] >> ka) & 1u ? __fmul_rn(s[ri], scale_log2) : num::kNegInf;
+      s[ri + 2] = (vm[i] >> (ka + 8)) & 1u ? __fmul_rn(s[ri + 2], scale_log2) : num::kNegInf;
+      mx[i] = fmaxf(s[ri], s[ri + 2]);
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 4));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 8));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 16));
+    }
+    if (g == 0)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[wv * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
+    DDT_PROF_LAP(13, tp);  // mask, scale, max
+    wg_bar(wg);  // (B) the 4 warps' maxima
+    DDT_PROF_LAP(6, tp);
+    // (a max is exact: any order gives the wide path's value)
+    auto tile_max = [&](int n) {
+      return fmaxf(fmaxf(red[n], red[kNarrowRows + n]), fmaxf(red[2 * kNarrowRows + n], red[3 * kNarrowRows + n]));
+    };
+    float muse[4], alpha[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float mnew = fmaxf(m_run[i], tile_max(8 * (i >> 1) + 2 * c + (i & 1)));
+      muse[i] = mnew == num::kNegInf ? 0.0f : mnew;
+      alpha[i] = exp2f(m_run[i] - muse[i]);
+      m_run[i] = mnew;
+    }
+    float alpha_l = 0.0f;
+    if (wg == 0) {  // the row-sum thread's row (read here: red is rewritten after the next tile's barrier B)
+      const float mnew = fmaxf(l_m, tile_max(ln));
+      const float mu = mnew == num::kNegInf ? 0.0f : mnew;
+      alpha_l = exp2f(l_m - mu);
+      l_m = mnew;
+    }
+    // P = exp2(s - m) as bf16 hi + lo into P^T [row][key] (K-major, swizzled); f32 P for the row sums.
+    // (The thread index passes an opaque move each tile: otherwise the 16 store offsets are hoisted out of
+    // the persistent loops and spilled.)
+    int tl = tid;
+    asm volatile("" : "+r"(tl));
+    const int cl = tl & 3, kal = 16 * ((tl >> 5) & 3) + ((tl >> 2) & 7);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = 8 * (i >> 1) + 2 * cl + (i & 1), ri = 4 * (i >> 1) + (i & 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = kal + 8 * h;
+        const float pv = exp2f(s[ri + 2 * h] - muse[i]);
+        const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
+        const __nv_bfloat16 lo = __float2bfloat16_rn(pv - __bfloat162float(hi));
+        const uint32_t off = sw128_off(n, key >> 3) + 2 * (key & 7);
+        *reinterpret_cast<__nv_bfloat16*>(phi + off) = hi;
+        *reinterpret_cast<__nv_bfloat16*>(plo + off) = lo;
+        if (wg == 0) pf[n * kKeys + key] = pv;
+      }
+    }
+    fence_proxy_async();
+    DDT_PROF_LAP(7, tp);  // exp2, P^T stores
+    wg_bar(wg);  // (C) P^T (and P f32) complete
+    if (wg == 0) {  // the wide path's share: keys 32 lw + 8 j + 2 lc (+ 1), j = 0 .. 3, summed in that order
+      const float* pr = pf + ln * kKeys + 32 * lw + 2 * lc;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sum += pr[8 * j] + pr[8 * j + 1];
+      l_part = __fmaf_rn(l_part, alpha_l, sum);
+    }
+    DDT_PROF_LAP(8, tp);  // barrier C and the row sums
+
+    // O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T.
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int r = 0; r < 8; ++r) acc[b][r] *= alpha[2 * (r >> 2) + (r & 1)];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) reg_fence(acc[b]);
+    wgmma_fence();
+    const uint64_t dphi = sw128_desc(sphi, 16, 1024), dplo = sw128_desc(splo, 16, 1024);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint64_t dv = sw128_desc(skv + uint32_t((4 * wg + b) * kBox), kBox, 1024);
+#pragma unroll
+      for (int ks = 0; ks < kKeys / 16; ++ks)
+        wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dphi + uint64_t(ks * 2), 1);
+#pragma unroll
+      for (int ks = 0; ks < kKeys / 16; ++ks)
+        wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int b = 0; b < 4; ++b) reg_fence(acc[b]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));
+    DDT_PROF_LAP(11, tp);  // PV
+  }
+
+  // Row sums in the wide path's order: ((q0 + q1) + (q2 + q3)) per warpgroup share, then share 0 + share 1.
+  if (wg == 0) {
+    lpart[ln * 8 + lw * 4 + lc] = l_part;
+    if ((wt & 7) == 0) fin[2 * ln] = l_m;
+  }
+  math_bar();
+  if (tid < kNarrowRows) {
+    const float* lp = lpart + tid * 8;
+    fin[2 * tid + 1] = ((lp[0] + lp[1]) + (lp[2] + lp[3])) + ((lp[4] + lp[5]) + (lp[6] + lp[7]));
+  }
+  math_bar();
+  if (tid < rows_here) {
+    const float m = fin[2 * tid], l = fin[2 * tid + 1];
+    if (geo.is_split) {
+      ws_ml[(prow0 + tid) * 2] = m;
+      ws_ml[(prow0 + tid) * 2 + 1] = l;
+    } else {
+      p.lse[row0 + tid] = l != 0.0f ? m * kLn2 + logf(l) : num::kNegInf;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int n = 8 * (i >> 1) + 2 * c + (i & 1);
+    if (n >= rows_here) continue;
+    const float l = fin[2 * n + 1];
+    const float inv = l != 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int d = 256 * wg + 64 * b + 16 * wv + g + 8 * h;
+        const float v = acc[b][4 * (i >> 1) + 2 * h + (i & 1)];
+        if (geo.is_split) ws_o[(prow0 + n) * kDimV + d] = v;
+        else p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
+      }
+  }
+  DDT_PROF_LAP(12, tp);  // epilogue
+#endif
+}
+
 // The math warpgroups' share of an item (threads 0 .. 255). base: the 1024-aligned shared-memory window
 // (generic pointer), red: [2 warpgroups][64 rows] f32 exchange; full_phase: see Pipe.
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
-                             float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
+                             float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase,
+                             bool narrow_on) {
 #if DDT_SM90_BODY
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
@@ -320,10 +596,23 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 
   const uint32_t sbase = smem_u32(base);
   const uint32_t sq = sbase + kOffQ, sphi = sbase + kOffPHi, splo = sbase + kOffPLo;
+  // The narrow path for requests of at most 16 rows (one row tile): Q^T, all 576 dims, into [9 boxes][16
+  // rows][64 dims] (rows past the request zero-filled).
+  const bool narrow = narrow_on && geo.shape_ok && geo.n_rows <= kNarrowRows;
+  if (narrow) {
+    const uint16_t* qrow = p.q + row0 * kDimQK;
+    for (int i = tid; i < kNarrowRows * 72; i += kThreads) {
+      const int r = i / 72, ch = i % 72;
+      const bool in = r < rows_here;
+      cp_async16(sbase + uint32_t(kOffNQ + (ch >> 3) * kNBox) + sw128_off(r, ch & 7),
+                 qrow + (in ? r : 0) * kDimQK + ch * 8, in ? 16 : 0);
+    }
+    cp_async_commit();
+  }
   // Q: the latent part into shared memory (16 chunks per thread, rows past the request zero-filled), the
   //    rope part as A fragments: qr[s] = rows 16 wv + g (+ 8), dims 512 + 16 s + 2 c (+ 8). Issued before the
   //    page check: its rows exist whatever the request's other scalars say.
-  {
+  if (!narrow) {
     const uint16_t* qrow = p.q + (row0 + tile_row0) * kDimQK;
 #pragma unroll 4
     for (int i = 0; i < 16; ++i) {
@@ -334,8 +623,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
     cp_async_commit();
   }
-  uint32_t qr[4][4];
-  {
+  uint32_t qr[4][4] = {};
+  if (!narrow) {
     const int ra = 16 * wv + g, rb = ra + 8;
     const uint32_t* qa = reinterpret_cast<const uint32_t*>(p.q + (row0 + tile_row0 + ra) * kDimQK + kDimV);
     const uint32_t* qb = reinterpret_cast<const uint32_t*>(p.q + (row0 + tile_row0 + rb) * kDimQK + kDimV);
@@ -355,6 +644,11 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
     if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
     else for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
+    return;
+  }
+  if (narrow) {
+    DDT_PROF_LAP(1, tp);  // item prologue
+    process_narrow(p, geo, base, ws_o, ws_ml, pipe, full_phase);
     return;
   }
 
@@ -440,8 +734,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         const int bit = 8 * j + 2 * c + e;
         float& xa = s[4 * j + e];
         float& xb = s[4 * j + 2 + e];
-        xa = (vis_wa >> bit) & 1u ? xa * scale_log2 : num::kNegInf;
-        xb = (vis_wb >> bit) & 1u ? xb * scale_log2 : num::kNegInf;
+        xa = (vis_wa >> bit) & 1u ? __fmul_rn(xa, scale_log2) : num::kNegInf;  // (explicit roundings: the
+        xb = (vis_wb >> bit) & 1u ? __fmul_rn(xb, scale_log2) : num::kNegInf;  // narrow path repeats them)
         mxa = fmaxf(mxa, xa);
         mxb = fmaxf(mxb, xb);
       }
@@ -467,6 +761,11 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     float sum_a = 0.0f, sum_b = 0.0f;
     unsigned char* phi = base + kOffPHi;
     unsigned char* plo = base + kOffPLo;
+    // (The store offsets from an opaque copy of the thread index, recomputed each tile: hoisted out of the
+    // persistent loops they are spilled.)
+    int tl = tid;
+    asm volatile("" : "+r"(tl));
+    const int ral = 16 * ((tl >> 5) & 3) + ((tl >> 2) & 7), cl = tl & 3, wgl = tl >> 7;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float pa0 = exp2f(s[4 * j] - ma_use), pa1 = exp2f(s[4 * j + 1] - ma_use);
@@ -478,14 +777,14 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       const float2 fa = __bfloat1622float2(ha), fb = __bfloat1622float2(hb);
       const __nv_bfloat162 la = __floats2bfloat162_rn(pa0 - fa.x, pa1 - fa.y);
       const __nv_bfloat162 lb = __floats2bfloat162_rn(pb0 - fb.x, pb1 - fb.y);
-      const uint32_t oa = sw128_off(ra, 4 * wg + j) + 4 * c, ob = sw128_off(rb, 4 * wg + j) + 4 * c;
+      const uint32_t oa = sw128_off(ral, 4 * wgl + j) + 4 * cl, ob = sw128_off(ral + 8, 4 * wgl + j) + 4 * cl;
       *reinterpret_cast<__nv_bfloat162*>(phi + oa) = ha;
       *reinterpret_cast<__nv_bfloat162*>(phi + ob) = hb;
       *reinterpret_cast<__nv_bfloat162*>(plo + oa) = la;
       *reinterpret_cast<__nv_bfloat162*>(plo + ob) = lb;
     }
-    l_a = l_a * alpha_a + sum_a;
-    l_b = l_b * alpha_b + sum_b;
+    l_a = __fmaf_rn(l_a, alpha_a, sum_a);
+    l_b = __fmaf_rn(l_b, alpha_b, sum_b);
     fence_proxy_async();
     DDT_PROF_LAP(7, tp);  // exp2, P hi / lo stores
     math_bar();  // (C) P complete
@@ -572,8 +871,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
 __global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
-                            const __grid_constant__ CUtensorMap kv_map, int use_tma) {
-  // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile)
+                            const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_on) {
+  // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile);
+  // narrow_on: requests of at most 16 rows take process_narrow (DDTREE_SM90_NARROW=0 turns it off)
 #if DDT_SM90_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
@@ -601,7 +901,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     setmaxnreg_inc<232>();
     uint32_t full_phase = 0;
     run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
-      process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
+      process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase, narrow_on != 0);
     });
   }
 #endif
@@ -704,8 +1004,11 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
                           int64_t(p->num_pages) * p->page_size <= int64_t(INT32_MAX)
                       ? attn::encode_kv_map(&map, *p)
                       : 0;
+  // The narrow path (process_narrow) unless DDTREE_SM90_NARROW=0 (read per call: the tests compare both).
+  const char* narrow_env = std::getenv("DDTREE_SM90_NARROW");
+  const int narrow = narrow_env && narrow_env[0] == '0' ? 0 : 1;
   attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
-                                                                                            ws_ml, map, tma);
+                                                                                            ws_ml, map, tma, narrow);
   DDT_CUDA_LAUNCHED();
   return attn::launch_combine(*p, split_keys, b, dev.combine_ctas, ws_o, ws_ml, s);
 }

@@ -347,6 +347,61 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
   }
 }
 
+// The sm_90a kernel's narrow path (requests of at most 16 rows: rows as wgmma's N) gives the wide path's
+// bits (FIDELITY rule E: a decode row (narrow) must equal the same row inside a chain (wide); the test above
+// checks that at H 8 through the chain): the same batch run with the narrow path on and off
+// (DDTREE_SM90_NARROW=0), out and lse compared bitwise, at H 8 / 16 / 5, pages 1 (cp.async) and 64 (TMA),
+// prefixes at page and split boundaries and long ones (several splits), never split / split 64 / 512.
+TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  struct Setup { int heads, page; std::vector<ReqSpec> reqs; };
+  const std::vector<ReqSpec> common = {{0, 1, Shape::kChain},   {1, 1, Shape::kChain},    {63, 1, Shape::kChain},
+                                       {64, 1, Shape::kChain},  {65, 1, Shape::kChain},   {511, 1, Shape::kChain},
+                                       {512, 1, Shape::kChain}, {1000, 2, Shape::kChain}, {2047, 2, Shape::kStar},
+                                       {5000, 1, Shape::kChain}, {300, 9, Shape::kBushy}};
+  const std::vector<Setup> setups = {{8, 64, common}, {8, 1, common}, {16, 64, common},
+                                     {5, 64, {{100, 3, Shape::kChain}, {129, 3, Shape::kStar}, {4000, 2, Shape::kChain}}}};
+  const char* saved = std::getenv("DDTREE_SM90_NARROW");
+  const std::string saved_value = saved ? saved : "";
+  int narrow_requests = 0;
+  for (const Setup& su : setups) {
+    Options o;
+    o.heads = su.heads;
+    o.page_size = su.page;
+    const Problem p = make_problem(97 + su.heads + su.page, su.reqs, o);
+    for (const ReqSpec& r : su.reqs) narrow_requests += r.nodes * su.heads <= 16;
+    const Result cpu = run_cpu(p);
+    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<512>}) {
+      unsetenv("DDTREE_SM90_NARROW");
+      const Result narrow = run_gpu(p, fn);
+      setenv("DDTREE_SM90_NARROW", "0", 1);
+      const Result wide = run_gpu(p, fn);
+      unsetenv("DDTREE_SM90_NARROW");
+      int rows_differ = 0;
+      double max_abs = 0;
+      for (size_t row = 0; row < wide.lse.size(); ++row) {
+        bool differ = std::memcmp(&narrow.lse[row], &wide.lse[row], 4) != 0;
+        for (int d = 0; d < kV; ++d) {
+          const uint16_t a = narrow.out[row * kV + d], b = wide.out[row * kV + d];
+          if (a != b) {
+            differ = true;
+            max_abs = std::max(max_abs, std::fabs(double(bf16_f32(a)) - double(bf16_f32(b))));
+          }
+        }
+        rows_differ += differ;
+      }
+      const Report rep = compare_results(narrow, cpu, su.heads, Tol{});
+      std::printf("  narrow vs wide H %2d page %2d: %d of %zu rows differ (max abs %.3g); narrow vs twin: %s\n",
+                  su.heads, su.page, rows_differ, wide.lse.size(), max_abs, rep.str().c_str());
+      EXPECT_EQ(rows_differ, 0);
+      EXPECT_TRUE(rep.ok) << rep.str();
+      EXPECT_EQ(narrow.status, 0u);
+    }
+  }
+  if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
+  EXPECT_GE(narrow_requests, 20);  // the narrow path really ran
+}
+
 // Slices request r out of p into a batch-1 problem over the same KV cache and page numbering.
 Problem single(const Problem& p, int r) {
   Problem s = p;
