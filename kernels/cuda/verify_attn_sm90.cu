@@ -77,12 +77,13 @@ static_assert(2 * kPBytes >= 2 * kThreads * 4, "the request scan (2 x 256 int) f
 constexpr int kNarrowRows = 16;                      // wgmma N: T 1 at H 8 / 16, T 2 at H 8
 constexpr int kNBox = kNarrowRows * 128;             // 2,048: one [16 rows][64 bf16] 128B-swizzled box
 constexpr int kOffNQ = kOffQ;                        // Q^T: 9 boxes (576 dims), 18,432
-constexpr int kOffNP = kOffNQ + 9 * kNBox;           // per warpgroup: P^T hi, P^T lo (2 x 2,048)
+constexpr int kOffNP = kOffNQ + 9 * kNBox;           // by tile parity: P^T hi, P^T lo (2 x 2,048)
 constexpr int kOffNPf = kOffNP + 2 * 2 * kNBox;      // P f32 [16 rows][64 keys] (warpgroup 0's row sums)
-constexpr int kOffNRed = kOffNPf + kNarrowRows * kKeys * 4;   // [2 warpgroups][4 warps][16 rows] f32 maxima
+constexpr int kOffNRed = kOffNPf + kNarrowRows * kKeys * 4;   // [4 warps][16 rows] f32 maxima (+ spare)
 constexpr int kOffNL = kOffNRed + 2 * 4 * kNarrowRows * 4;    // [16 rows][8] f32 row-sum partials
 constexpr int kOffNFin = kOffNL + kNarrowRows * 8 * 4;        // [16 rows] final (m, l)
-static_assert(kOffNFin + kNarrowRows * 8 <= kOffQ + kQBytes, "the narrow path's buffers fit the Q region");
+constexpr int kOffNAlpha = kOffNFin + kNarrowRows * 8;        // [2 parities][16 rows] f32 rescale factors
+static_assert(kOffNAlpha + 2 * kNarrowRows * 4 <= kOffQ + kQBytes, "the narrow path's buffers fit the Q region");
 static_assert(kOffNP % 1024 == 0 && kNBox % 1024 == 0, "P^T boxes start on 1,024-byte boundaries (swizzle atoms)");
 
 // ---- PTX wrappers (sm_90a) ----
@@ -332,16 +333,21 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
 //                                     in the wide path's order: 32 latent, then 4 rope)
 //   O^T [512 dims x 16 rows] += V^T P^T (m64n16k16, A = V read MN-major (the wide path's V descriptor),
 //                                     B = P^T hi, then P^T lo: [16 rows][64 keys] bf16, K-major)
-// Both warpgroups compute the same S^T and softmax (no barrier between them per tile); warpgroup w owns
-// output dims [256 w, 256 w + 256) as 4 accumulators of 64 dims. Every row's result is bitwise the wide
-// path's (FIDELITY rule E: a chain node, computed in a wide item, equals the same row decoded alone, a
-// narrow item): the same k-step order, the same scale / exp2 / hi-lo formulas, and the row sums in the wide
-// path's order (per (warpgroup, quad lane) partials over the same keys: warpgroup 0's threads t hold
-// row t / 8, partial t % 8, from P in f32 in shared memory; then the same adds). It relies on a wgmma dot
-// product giving the same bits with its operands swapped (checked bitwise on the GPU by
-// ChainNodeEqualsSingleNodeDecodeBitwise and Sm90NarrowPathEqualsWidePathBitwise).
-// Thread (warp v of warpgroup w, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
+// Roles: warpgroup 0 computes S^T, the masks, the row maxima and P (and the row sums); warpgroup 1 holds
+// all of O^T (8 accumulators of 64 dims) and runs PV. They hand over P^T (hi, lo) and the rescale factors
+// through two buffers by tile parity (named barriers: "ready" 5 + b, warpgroup 0 arrives after writing
+// buffer b, warpgroup 1 syncs; "free" 7 + b, warpgroup 1 arrives after its PV read buffer b, warpgroup 0
+// syncs before rewriting it two tiles later), so tile t's PV runs under tile t + 1's S and softmax.
+// Every row's result is bitwise the wide path's (FIDELITY rule E: a chain node, computed in a wide item,
+// equals the same row decoded alone, a narrow item): the same k-step order, the same scale / exp2 / hi-lo
+// formulas, and the row sums in the wide path's order (per (warpgroup, quad lane) partials over the same
+// keys: warpgroup 0's thread t holds row t / 8, partial t % 8, read from P in f32 in shared memory; then
+// the same adds). It relies on a wgmma dot product giving the same bits with its operands swapped (checked
+// bitwise on the GPU by ChainNodeEqualsSingleNodeDecodeBitwise and Sm90NarrowPathEqualsWidePathBitwise).
+// Thread (warp v of a warpgroup, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
 // 16 v + g + 8 h, row 8 j + 2 c + e), j, h, e in {0, 1}.
+__device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
                                float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
@@ -349,7 +355,8 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
   // the persistent loops, where they would be live across the wide path too and spill)
   int tid = threadIdx.x;
   asm volatile("" : "+r"(tid));
-  const int lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3, wt = tid & 127;
+  const int lane = tid & 31, wv = (tid >> 5) & 3, wt = tid & 127;
+  const int role = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0);  // (uniform per warp, and visibly so to ptxas)
   const int g = lane >> 2, c = lane & 3;
   const int H = p.heads;
   const Request& q = geo.q;
@@ -358,189 +365,225 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
   DDT_PROF_START(tp);
   const uint32_t sbase = smem_u32(base);
   const uint32_t sq = sbase + kOffNQ;
-  const uint32_t sphi = sbase + uint32_t(kOffNP + wg * 2 * kNBox), splo = sphi + kNBox;
-  unsigned char* phi = base + kOffNP + wg * 2 * kNBox;
-  unsigned char* plo = phi + kNBox;
-  float* pf = reinterpret_cast<float*>(base + kOffNPf);                    // [16][64]
-  float* red = reinterpret_cast<float*>(base + kOffNRed) + wg * 4 * kNarrowRows;  // [4 warps][16]
-  float* lpart = reinterpret_cast<float*>(base + kOffNL);                   // [16][8]
-  float* fin = reinterpret_cast<float*>(base + kOffNFin);                   // [16] x (m, l)
+  float* fin = reinterpret_cast<float*>(base + kOffNFin);  // [16] x (m, l)
+  float* alpha_buf = reinterpret_cast<float*>(base + kOffNAlpha);  // [2 parities][16]
+  cp_async_wait_all();  // Q^T (every math thread issued a share)
+  fence_proxy_async();
+  math_bar();
 
-  // This thread's 4 rows (columns of S^T / O^T): n = 8 j + 2 c + e, index i = 2 j + e.
-  const float scale_log2 = p.softmax_scale * kLog2e;
-  float m_run[4];  // running max (log2 units) of this thread's rows
+  if (role == 0) {
+    // ---- warpgroup 0: S^T, masks, maxima, P, row sums ----
+    float* pf = reinterpret_cast<float*>(base + kOffNPf);      // [16][64]
+    float* red = reinterpret_cast<float*>(base + kOffNRed);    // [4 warps][16]
+    float* lpart = reinterpret_cast<float*>(base + kOffNL);    // [16][8]
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    float m_run[4];  // running max (log2 units) of this thread's rows n = 8 j + 2 c + e (index i = 2 j + e)
 #pragma unroll
-  for (int i = 0; i < 4; ++i) m_run[i] = num::kNegInf;
-  // Warpgroup 0's row-sum threads: row ln, the wide path's share of warpgroup lw, quad lane lc.
-  const int ln = wt >> 3, lw = (wt >> 2) & 1, lc = wt & 3;
-  float l_m = num::kNegInf, l_part = 0.0f;
-  float acc[4][8];  // O^T blocks: dims 256 wg + 64 b + 16 wv + g (+ 8)
-#pragma unroll
-  for (int b = 0; b < 4; ++b)
-#pragma unroll
-    for (int r = 0; r < 8; ++r) acc[b][r] = 0.0f;
-
+    for (int i = 0; i < 4; ++i) m_run[i] = num::kNegInf;
+    // The row-sum threads: row ln, the wide path's share of its warpgroup lw, quad lane lc.
+    const int ln = wt >> 3, lw = (wt >> 2) & 1, lc = wt & 3;
+    float l_m = num::kNegInf, l_part = 0.0f;
 #pragma unroll 1
-  for (int64_t it = 0; it < ntiles; ++it) {
-    const int buf = int(it & 1);
-    const int64_t k0 = kb + it * kKeys;
-    DDT_PROF_COUNT(10);
-    if (it == 0) cp_async_wait_all();  // Q^T
-    mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
-    full_phase ^= 1u << buf;
-    const int64_t past = k0 + kKeys - ke;
-    if (pipe.tma && past > 0) {  // as the wide path: zero the rows TMA copied past the key range
-      unsigned char* kvb = base + kOffKv + buf * kKvBytes;
-      const int first = kKeys - int(past);
-      for (int i = tid; i < int(past) * 72; i += kThreads) {
-        const int r = first + i / 72, ch = i % 72;
-        *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
+    for (int64_t it = 0; it < ntiles; ++it) {
+      const int buf = int(it & 1);
+      const int64_t k0 = kb + it * kKeys;
+      DDT_PROF_COUNT(10);
+      mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
+      full_phase ^= 1u << buf;
+      const int64_t past = k0 + kKeys - ke;
+      if (pipe.tma && past > 0) {  // as the wide path: zero the rows TMA copied past the key range
+        unsigned char* kvb = base + kOffKv + buf * kKvBytes;
+        const int first = kKeys - int(past);
+        for (int i = wt; i < int(past) * 72; i += 128) {
+          const int r = first + i / 72, ch = i % 72;
+          *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async();
+        wg_bar(0);  // (warpgroup 1 reads the tile after "ready", which comes later)
       }
-    }
-    fence_proxy_async();
-    DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
-    if (it == 0 || (pipe.tma && past > 0)) math_bar();  // (A) Q^T / the zeroed rows visible to both warpgroups
-    DDT_PROF_LAP(3, tp);
-    const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
+      DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
+      const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
 
-    // S^T = K Q^T over the 576 dims.
-    float s[8];
-    reg_fence(s);
-    wgmma_fence();
-    const uint64_t dk0 = sw128_desc(skv, 16, 1024), dq0 = sw128_desc(sq, 16, 1024);
+      // S^T = K Q^T over the 576 dims.
+      float s[8];
+      reg_fence(s);
+      wgmma_fence();
+      const uint64_t dk0 = sw128_desc(skv, 16, 1024), dq0 = sw128_desc(sq, 16, 1024);
 #pragma unroll
-    for (int st = 0; st < 36; ++st) {
-      const uint64_t offk = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
-      const uint64_t offq = uint64_t(((st >> 2) * kNBox + (st & 3) * 32) >> 4);
-      wgmma_m64n16k16_ss<0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    reg_fence(s);
-    DDT_PROF_LAP(5, tp);  // S^T
-
-    // Scale and mask (the wide path's masks, per row), max over this thread's 2 keys, the 8 lanes of equal
-    // c (the warp's 16 keys), then the 4 warps through shared memory.
-    uint64_t vm[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) vm[i] = ~uint64_t(0);
-    if (!(k0 + kKeys <= q.prefix && k0 + kKeys <= ke)) {
-      const int64_t t0 = k0 - q.prefix, n_in = ke - k0;
-      const uint64_t in_mask = n_in >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_in) - 1;
-      const uint64_t pre_mask = t0 >= 0 ? 0 : (t0 <= -64 ? ~uint64_t(0) : (uint64_t(1) << -t0) - 1);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // (the vis rows looked up here: few registers live across the loop)
-        const int n = 8 * (i >> 1) + 2 * c + (i & 1);
-        const uint64_t* vis = p.vis + (int64_t(q.first_row) + n / H) * p.vis_words;
-        vm[i] = ((n < rows_here ? vis_window(vis, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+      for (int st = 0; st < 36; ++st) {
+        const uint64_t offk = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
+        const uint64_t offq = uint64_t(((st >> 2) * kNBox + (st & 3) * 32) >> 4);
+        wgmma_m64n16k16_ss<0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
       }
-    }
-    const int ka = 16 * wv + g;  // this thread's keys ka, ka + 8
-    float mx[4];
+      wgmma_commit();
+      wgmma_wait_all();
+      reg_fence(s);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));  // this warp is done with the stage
+      DDT_PROF_LAP(5, tp);  // S^T
+
+      // Scale and mask (the wide path's masks, per row), max over this thread's 2 keys, the 8 lanes of
+      // equal c (the warp's 16 keys), then the 4 warps through shared memory.
+      uint64_t vm[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int ri = 4 * (i >> 1) + (i & 1);  // s[ri] = (ka, row i), s[ri + 2] = (ka + 8, row i)
-      s[ri] = (vm[i] >> ka) & 1u ? __fmul_rn(s[ri], scale_log2) : num::kNegInf;
-      s[ri + 2] = (vm[i] >> (ka + 8)) & 1u ? __fmul_rn(s[ri + 2], scale_log2) : num::kNegInf;
-      mx[i] = fmaxf(s[ri], s[ri + 2]);
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 4));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 8));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 16));
-    }
-    if (g == 0)
+      for (int i = 0; i < 4; ++i) vm[i] = ~uint64_t(0);
+      if (!(k0 + kKeys <= q.prefix && k0 + kKeys <= ke)) {
+        const int64_t t0 = k0 - q.prefix, n_in = ke - k0;
+        const uint64_t in_mask = n_in >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_in) - 1;
+        const uint64_t pre_mask = t0 >= 0 ? 0 : (t0 <= -64 ? ~uint64_t(0) : (uint64_t(1) << -t0) - 1);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[wv * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
-    DDT_PROF_LAP(13, tp);  // mask, scale, max
-    wg_bar(wg);  // (B) the 4 warps' maxima
-    DDT_PROF_LAP(6, tp);
-    // (a max is exact: any order gives the wide path's value)
-    auto tile_max = [&](int n) {
-      return fmaxf(fmaxf(red[n], red[kNarrowRows + n]), fmaxf(red[2 * kNarrowRows + n], red[3 * kNarrowRows + n]));
-    };
-    float muse[4], alpha[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float mnew = fmaxf(m_run[i], tile_max(8 * (i >> 1) + 2 * c + (i & 1)));
-      muse[i] = mnew == num::kNegInf ? 0.0f : mnew;
-      alpha[i] = exp2f(m_run[i] - muse[i]);
-      m_run[i] = mnew;
-    }
-    float alpha_l = 0.0f;
-    if (wg == 0) {  // the row-sum thread's row (read here: red is rewritten after the next tile's barrier B)
-      const float mnew = fmaxf(l_m, tile_max(ln));
-      const float mu = mnew == num::kNegInf ? 0.0f : mnew;
-      alpha_l = exp2f(l_m - mu);
-      l_m = mnew;
-    }
-    // P = exp2(s - m) as bf16 hi + lo into P^T [row][key] (K-major, swizzled); f32 P for the row sums.
-    // (The thread index passes an opaque move each tile: otherwise the 16 store offsets are hoisted out of
-    // the persistent loops and spilled.)
-    int tl = tid;
-    asm volatile("" : "+r"(tl));
-    const int cl = tl & 3, kal = 16 * ((tl >> 5) & 3) + ((tl >> 2) & 7);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int n = 8 * (i >> 1) + 2 * cl + (i & 1), ri = 4 * (i >> 1) + (i & 1);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int key = kal + 8 * h;
-        const float pv = exp2f(s[ri + 2 * h] - muse[i]);
-        const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
-        const __nv_bfloat16 lo = __float2bfloat16_rn(pv - __bfloat162float(hi));
-        const uint32_t off = sw128_off(n, key >> 3) + 2 * (key & 7);
-        *reinterpret_cast<__nv_bfloat16*>(phi + off) = hi;
-        *reinterpret_cast<__nv_bfloat16*>(plo + off) = lo;
-        if (wg == 0) pf[n * kKeys + key] = pv;
+        for (int i = 0; i < 4; ++i) {  // (the vis rows looked up here: few registers live across the loop)
+          const int n = 8 * (i >> 1) + 2 * c + (i & 1);
+          const uint64_t* vis = p.vis + (int64_t(q.first_row) + n / H) * p.vis_words;
+          vm[i] = ((n < rows_here ? vis_window(vis, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+        }
       }
+      const int ka = 16 * wv + g;  // this thread's keys ka, ka + 8
+      float mx[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int ri = 4 * (i >> 1) + (i & 1);  // s[ri] = (ka, row i), s[ri + 2] = (ka + 8, row i)
+        s[ri] = (vm[i] >> ka) & 1u ? __fmul_rn(s[ri], scale_log2) : num::kNegInf;
+        s[ri + 2] = (vm[i] >> (ka + 8)) & 1u ? __fmul_rn(s[ri + 2], scale_log2) : num::kNegInf;
+        mx[i] = fmaxf(s[ri], s[ri + 2]);
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 4));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 8));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 16));
+      }
+      if (g == 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[wv * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
+      DDT_PROF_LAP(13, tp);  // mask, scale, max
+      wg_bar(0);  // (B) the 4 warps' maxima
+      DDT_PROF_LAP(6, tp);
+      // (a max is exact: any order gives the wide path's value)
+      auto tile_max = [&](int n) {
+        return fmaxf(fmaxf(red[n], red[kNarrowRows + n]), fmaxf(red[2 * kNarrowRows + n], red[3 * kNarrowRows + n]));
+      };
+      float muse[4], alpha[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float mnew = fmaxf(m_run[i], tile_max(8 * (i >> 1) + 2 * c + (i & 1)));
+        muse[i] = mnew == num::kNegInf ? 0.0f : mnew;
+        alpha[i] = exp2f(m_run[i] - muse[i]);
+        m_run[i] = mnew;
+      }
+      float alpha_l;
+      {  // the row-sum thread's row (read here: red is rewritten after the next tile's barrier B)
+        const float mnew = fmaxf(l_m, tile_max(ln));
+        const float mu = mnew == num::kNegInf ? 0.0f : mnew;
+        alpha_l = exp2f(l_m - mu);
+        l_m = mnew;
+      }
+      // P = exp2(s - m) as bf16 hi + lo into P^T [row][key] of buffer buf (K-major, swizzled), f32 P for the
+      // row sums, the rescale factors for warpgroup 1. (Store offsets from an opaque copy of the thread
+      // index, recomputed each tile: hoisted out of the persistent loops they are spilled.)
+      if (it >= 2) named_bar_sync(7 + buf);  // warpgroup 1's PV of tile it - 2 is done with buffer buf
+      unsigned char* phi = base + kOffNP + buf * 2 * kNBox;
+      unsigned char* plo = phi + kNBox;
+      int tl = tid;
+      asm volatile("" : "+r"(tl));
+      const int cl = tl & 3, kal = 16 * ((tl >> 5) & 3) + ((tl >> 2) & 7);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int n = 8 * (i >> 1) + 2 * cl + (i & 1), ri = 4 * (i >> 1) + (i & 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = kal + 8 * h;
+          const float pv = exp2f(s[ri + 2 * h] - muse[i]);
+          const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
+          const __nv_bfloat16 lo = __float2bfloat16_rn(pv - __bfloat162float(hi));
+          const uint32_t off = sw128_off(n, key >> 3) + 2 * (key & 7);
+          *reinterpret_cast<__nv_bfloat16*>(phi + off) = hi;
+          *reinterpret_cast<__nv_bfloat16*>(plo + off) = lo;
+          pf[n * kKeys + key] = pv;
+        }
+        if (kal == 0) alpha_buf[buf * kNarrowRows + n] = alpha[i];  // (warp 0, lanes 0 .. 3: the 16 rows)
+      }
+      fence_proxy_async();
+      named_bar_arrive(5 + buf);  // P^T of tile it ready for warpgroup 1
+      DDT_PROF_LAP(7, tp);  // exp2, P^T stores
+      wg_bar(0);  // (C) P f32 complete
+      {  // the wide path's share: keys 32 lw + 8 j + 2 lc (+ 1), j = 0 .. 3, summed in that order
+        const float* pr = pf + ln * kKeys + 32 * lw + 2 * lc;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sum += pr[8 * j] + pr[8 * j + 1];
+        l_part = __fmaf_rn(l_part, alpha_l, sum);
+      }
+      DDT_PROF_LAP(8, tp);  // barrier C and the row sums
     }
-    fence_proxy_async();
-    DDT_PROF_LAP(7, tp);  // exp2, P^T stores
-    wg_bar(wg);  // (C) P^T (and P f32) complete
-    if (wg == 0) {  // the wide path's share: keys 32 lw + 8 j + 2 lc (+ 1), j = 0 .. 3, summed in that order
-      const float* pr = pf + ln * kKeys + 32 * lw + 2 * lc;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) sum += pr[8 * j] + pr[8 * j + 1];
-      l_part = __fmaf_rn(l_part, alpha_l, sum);
-    }
-    DDT_PROF_LAP(8, tp);  // barrier C and the row sums
-
-    // O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T.
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-#pragma unroll
-      for (int r = 0; r < 8; ++r) acc[b][r] *= alpha[2 * (r >> 2) + (r & 1)];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) reg_fence(acc[b]);
-    wgmma_fence();
-    const uint64_t dphi = sw128_desc(sphi, 16, 1024), dplo = sw128_desc(splo, 16, 1024);
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint64_t dv = sw128_desc(skv + uint32_t((4 * wg + b) * kBox), kBox, 1024);
-#pragma unroll
-      for (int ks = 0; ks < kKeys / 16; ++ks)
-        wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dphi + uint64_t(ks * 2), 1);
-#pragma unroll
-      for (int ks = 0; ks < kKeys / 16; ++ks)
-        wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-#pragma unroll
-    for (int b = 0; b < 4; ++b) reg_fence(acc[b]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));
-    DDT_PROF_LAP(11, tp);  // PV
-  }
-
-  // Row sums in the wide path's order: ((q0 + q1) + (q2 + q3)) per warpgroup share, then share 0 + share 1.
-  if (wg == 0) {
     lpart[ln * 8 + lw * 4 + lc] = l_part;
     if ((wt & 7) == 0) fin[2 * ln] = l_m;
+  } else {
+    // ---- warpgroup 1: O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T, all 512 dims ----
+    float acc[8][8];  // O^T blocks: dims 64 b + 16 wv + g (+ 8)
+#pragma unroll
+    for (int b = 0; b < 8; ++b)
+#pragma unroll
+      for (int r = 0; r < 8; ++r) acc[b][r] = 0.0f;
+#pragma unroll 1
+    for (int64_t it = 0; it < ntiles; ++it) {
+      const int buf = int(it & 1);
+      mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);  // (the tile's bytes visible here)
+      full_phase ^= 1u << buf;
+      named_bar_sync(5 + buf);  // P^T and the rescale factors of tile it
+      float alpha[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) alpha[i] = alpha_buf[buf * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)];
+#pragma unroll
+      for (int b = 0; b < 8; ++b)
+#pragma unroll
+        for (int r = 0; r < 8; ++r) acc[b][r] *= alpha[2 * (r >> 2) + (r & 1)];
+#pragma unroll
+      for (int b = 0; b < 8; ++b) reg_fence(acc[b]);
+      wgmma_fence();
+      const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
+      const uint32_t sphi = sbase + uint32_t(kOffNP + buf * 2 * kNBox), splo = sphi + kNBox;
+      const uint64_t dphi = sw128_desc(sphi, 16, 1024), dplo = sw128_desc(splo, 16, 1024);
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        const uint64_t dv = sw128_desc(skv + uint32_t(b * kBox), kBox, 1024);
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks)
+          wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dphi + uint64_t(ks * 2), 1);
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks)
+          wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+#pragma unroll
+      for (int b = 0; b < 8; ++b) reg_fence(acc[b]);
+      if (it + 2 < ntiles) named_bar_arrive(7 + buf);  // buffer buf free (warpgroup 0 waits only for it >= 2)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));
+    }
+    math_bar();  // warpgroup 0's (m, l) partials written
+    math_bar();  // the final l
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = 8 * (i >> 1) + 2 * c + (i & 1);
+      if (n >= rows_here) continue;
+      const float l = fin[2 * n + 1];
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+      for (int b = 0; b < 8; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = 64 * b + 16 * wv + g + 8 * h;
+          const float v = acc[b][4 * (i >> 1) + 2 * h + (i & 1)];
+          if (geo.is_split) ws_o[(prow0 + n) * kDimV + d] = v;
+          else p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
+        }
+    }
+    return;
   }
+  // Warpgroup 0: row sums in the wide path's order, ((q0 + q1) + (q2 + q3)) per warpgroup share, then share
+  // 0 + share 1; (m, l) to the workspace or lse.
   math_bar();
   if (tid < kNarrowRows) {
-    const float* lp = lpart + tid * 8;
+    const float* lp = reinterpret_cast<const float*>(base + kOffNL) + tid * 8;
     fin[2 * tid + 1] = ((lp[0] + lp[1]) + (lp[2] + lp[3])) + ((lp[4] + lp[5]) + (lp[6] + lp[7]));
   }
   math_bar();
@@ -553,23 +596,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       p.lse[row0 + tid] = l != 0.0f ? m * kLn2 + logf(l) : num::kNegInf;
     }
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int n = 8 * (i >> 1) + 2 * c + (i & 1);
-    if (n >= rows_here) continue;
-    const float l = fin[2 * n + 1];
-    const float inv = l != 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int d = 256 * wg + 64 * b + 16 * wv + g + 8 * h;
-        const float v = acc[b][4 * (i >> 1) + 2 * h + (i & 1)];
-        if (geo.is_split) ws_o[(prow0 + n) * kDimV + d] = v;
-        else p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
-      }
-  }
-  DDT_PROF_LAP(12, tp);  // epilogue
+  DDT_PROF_LAP(12, tp);  // epilogue (warpgroup 0's view)
 #endif
 }
 
