@@ -422,7 +422,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     // NaN (also when every visible score is NaN and m stayed -inf).
     const bool any = l_run != 0.0f;
     sm.inv_l[sr] = any ? 1.0f / l_run : 0.0f;
-    if (s_valid) p.lse[row0 + tile_row0 + sr] = any ? m_run * kLn2 + logf(l_run) : num::kNegInf;
+    if (s_valid) p.lse[row0 + tile_row0 + sr] = any ? __fmaf_rn(m_run, kLn2, logf(l_run)) : num::kNegInf;
   }
   __syncthreads();
 #pragma unroll

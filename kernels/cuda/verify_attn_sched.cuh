@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t x = num::f32_to_bf16(sum.x * inv), y = num::f32_to_bf16(sum.y * inv);
       const uint32_t z = num::f32_to_bf16(sum.z * inv), w = num::f32_to_bf16(sum.w * inv);
       o[tid] = make_uint2(x | (y << 16), z | (w << 16));
-      if (tid == 0) p.lse[out_row] = m_max * kLn2 + logf(l_all);
+      if (tid == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
     }
   }
 }

@@ -346,6 +346,13 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
 // bitwise on the GPU by ChainNodeEqualsSingleNodeDecodeBitwise and Sm90NarrowPathEqualsWidePathBitwise).
 // Thread (warp v of a warpgroup, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
 // 16 v + g + 8 h, row 8 j + 2 c + e), j, h, e in {0, 1}.
+// The kernel's narrow_mode argument, kept in shared memory (written by thread 0 before the first barrier):
+// a register would stay live across the persistent loops.
+__device__ __forceinline__ int& narrow_mode_slot() {
+  __shared__ int mode;
+  return mode;
+}
+
 __device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
@@ -390,6 +397,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       DDT_PROF_COUNT(10);
       mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
       full_phase ^= 1u << buf;
+      if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       const int64_t past = k0 + kKeys - ke;
       if (pipe.tma && past > 0) {  // as the wide path: zero the rows TMA copied past the key range
         unsigned char* kvb = base + kOffKv + buf * kKvBytes;
@@ -527,6 +535,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       const int buf = int(it & 1);
       mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);  // (the tile's bytes visible here)
       full_phase ^= 1u << buf;
+      if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       named_bar_sync(5 + buf);  // P^T and the rescale factors of tile it
       float alpha[4];
 #pragma unroll
@@ -593,9 +602,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       ws_ml[(prow0 + tid) * 2] = m;
       ws_ml[(prow0 + tid) * 2 + 1] = l;
     } else {
-      p.lse[row0 + tid] = l != 0.0f ? m * kLn2 + logf(l) : num::kNegInf;
+      p.lse[row0 + tid] = l != 0.0f ? __fmaf_rn(m, kLn2, logf(l)) : num::kNegInf;
     }
   }
+  if (tid == 0 && narrow_mode_slot() == 2) atomicOr(p.status, DDT_DATA_PROBE_NARROW);  // DDTREE_SM90_NARROW=probe
   DDT_PROF_LAP(12, tp);  // epilogue (warpgroup 0's view)
 #endif
 }
@@ -603,8 +613,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 // The math warpgroups' share of an item (threads 0 .. 255). base: the 1024-aligned shared-memory window
 // (generic pointer), red: [2 warpgroups][64 rows] f32 exchange; full_phase: see Pipe.
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
-                             float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase,
-                             bool narrow_on) {
+                             float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
@@ -625,7 +634,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   const uint32_t sq = sbase + kOffQ, sphi = sbase + kOffPHi, splo = sbase + kOffPLo;
   // The narrow path for requests of at most 16 rows (one row tile): Q^T, all 576 dims, into [9 boxes][16
   // rows][64 dims] (rows past the request zero-filled).
-  const bool narrow = narrow_on && geo.shape_ok && geo.n_rows <= kNarrowRows;
+  const int narrow_mode = narrow_mode_slot();
+  const bool narrow = narrow_mode != 0 && geo.shape_ok && geo.n_rows <= kNarrowRows;
   if (narrow) {
     const uint16_t* qrow = p.q + row0 * kDimQK;
     for (int i = tid; i < kNarrowRows * 72; i += kThreads) {
@@ -879,7 +889,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       // lse NaN (also when every visible score is NaN and m stayed -inf).
       const bool any = l != 0.0f;
       const float inv = any ? 1.0f / l : 0.0f;
-      if (wg == 0 && c == 0) p.lse[row0 + tile_row0 + r] = any ? m * kLn2 + logf(l) : num::kNegInf;
+      if (wg == 0 && c == 0) p.lse[row0 + tile_row0 + r] = any ? __fmaf_rn(m, kLn2, logf(l)) : num::kNegInf;
       uint32_t* o = reinterpret_cast<uint32_t*>(p.out + (row0 + tile_row0 + r) * kDimV + col);
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -898,15 +908,17 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
 __global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
-                            const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_on) {
+                            const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_mode) {
   // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile);
-  // narrow_on: requests of at most 16 rows take process_narrow (DDTREE_SM90_NARROW=0 turns it off)
+  // narrow_mode: 1 = requests of at most 16 rows take process_narrow, 0 = off (DDTREE_SM90_NARROW=0), 2 = on and
+  // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
 #if DDT_SM90_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
   __shared__ __align__(8) uint64_t bars[4];  // full[2], empty[2]
   const Pipe pipe{&kv_map, smem_u32(bars), smem_u32(bars + 2), use_tma != 0, use_tma == 2};
   if (threadIdx.x == 0) {  // made visible to all threads by offsets_bad's barrier
+    narrow_mode_slot() = narrow_mode;
     mbar_init(pipe.full, pipe.tma ? 1 : 128);
     mbar_init(pipe.full + 8, pipe.tma ? 1 : 128);
     mbar_init(pipe.empty, kWarps);
@@ -928,7 +940,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     setmaxnreg_inc<232>();
     uint32_t full_phase = 0;
     run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
-      process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase, narrow_on != 0);
+      process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
     });
   }
 #endif
@@ -1031,9 +1043,11 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
                           int64_t(p->num_pages) * p->page_size <= int64_t(INT32_MAX)
                       ? attn::encode_kv_map(&map, *p)
                       : 0;
-  // The narrow path (process_narrow) unless DDTREE_SM90_NARROW=0 (read per call: the tests compare both).
+  // The narrow path (process_narrow) unless DDTREE_SM90_NARROW=0; =probe also marks the status word (read per
+  // call: the tests compare both paths; a captured CUDA graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_SM90_NARROW");
-  const int narrow = narrow_env && narrow_env[0] == '0' ? 0 : 1;
+  const std::string narrow_str = narrow_env ? narrow_env : "";
+  const int narrow = narrow_str == "0" ? 0 : narrow_str == "probe" ? 2 : 1;
   attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
                                                                                             ws_ml, map, tma, narrow);
   DDT_CUDA_LAUNCHED();

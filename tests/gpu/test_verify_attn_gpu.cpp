@@ -350,56 +350,87 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
 // The sm_90a kernel's narrow path (requests of at most 16 rows: rows as wgmma's N) gives the wide path's
 // bits (FIDELITY rule E: a decode row (narrow) must equal the same row inside a chain (wide); the test above
 // checks that at H 8 through the chain): the same batch run with the narrow path on and off
-// (DDTREE_SM90_NARROW=0), out and lse compared bitwise, at H 8 / 16 / 5, pages 1 (cp.async) and 64 (TMA),
-// prefixes at page and split boundaries and long ones (several splits), never split / split 64 / 512.
+// (DDTREE_SM90_NARROW=probe / 0), out and lse compared bitwise (a NaN equals a NaN), at H 8 / 16 / 5, pages
+// 1 (cp.async) and 64 (TMA), prefixes at page and split boundaries and long ones (several splits), peaked
+// scores, NaN scores, never split / split 64 / 96 (ranges off a 64-key boundary) / 512. The probe mode sets
+// DDT_DATA_PROBE_NARROW when a narrow item ran: the evidence that the comparison is not wide against wide.
 TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
   if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
-  struct Setup { int heads, page; std::vector<ReqSpec> reqs; };
+  struct Setup { const char* name; Problem p; };
   const std::vector<ReqSpec> common = {{0, 1, Shape::kChain},   {1, 1, Shape::kChain},    {63, 1, Shape::kChain},
                                        {64, 1, Shape::kChain},  {65, 1, Shape::kChain},   {511, 1, Shape::kChain},
                                        {512, 1, Shape::kChain}, {1000, 2, Shape::kChain}, {2047, 2, Shape::kStar},
                                        {5000, 1, Shape::kChain}, {300, 9, Shape::kBushy}};
-  const std::vector<Setup> setups = {{8, 64, common}, {8, 1, common}, {16, 64, common},
-                                     {5, 64, {{100, 3, Shape::kChain}, {129, 3, Shape::kStar}, {4000, 2, Shape::kChain}}}};
+  auto problem = [&](uint64_t seed, int heads, int page, const std::vector<ReqSpec>& reqs, float q_scale = 1.0f,
+                     int extra_rows = 0) {
+    Options o;
+    o.heads = heads;
+    o.page_size = page;
+    o.q_scale = q_scale;
+    o.extra_rows = extra_rows;
+    return make_problem(seed, reqs, o);
+  };
+  const std::vector<ReqSpec> h5 = {{100, 3, Shape::kChain}, {129, 3, Shape::kStar}, {4000, 2, Shape::kChain}};
+  std::vector<Setup> setups = {{"H 8 page 64", problem(105, 8, 64, common)},
+                               {"H 8 page 1", problem(106, 8, 1, common)},
+                               {"H 16 page 64", problem(107, 16, 64, common)},
+                               {"H 16 page 1", problem(108, 16, 1, common)},
+                               {"H 5 page 64", problem(109, 5, 64, h5, 1.0f, 3)},
+                               {"H 5 page 1", problem(110, 5, 1, h5)},
+                               {"H 8 peaked", problem(111, 8, 64, common, 6.0f)}};
+  {  // NaN scores in narrow requests: request 0's node 0, head 3, q all NaN; request 1's prefix key 5 NaN in K
+    Problem p = problem(112, 8, 64, {{300, 1, Shape::kChain}, {200, 2, Shape::kChain}, {70, 1, Shape::kChain}, {600, 1, Shape::kChain}});
+    uint16_t* q = p.q.data() + (size_t(p.offsets[0]) * 8 + 3) * kQK;
+    std::fill(q, q + kQK, kNaN16);
+    p.kv[size_t(p.page_table[size_t(1) * p.max_pages]) * 64 * kQK + 5 * kQK + 7] = kNaN16;
+    setups.push_back({"H 8 NaN scores", p});
+  }
   const char* saved = std::getenv("DDTREE_SM90_NARROW");
   const std::string saved_value = saved ? saved : "";
-  int narrow_requests = 0;
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)); };
   for (const Setup& su : setups) {
-    Options o;
-    o.heads = su.heads;
-    o.page_size = su.page;
-    const Problem p = make_problem(97 + su.heads + su.page, su.reqs, o);
-    for (const ReqSpec& r : su.reqs) narrow_requests += r.nodes * su.heads <= 16;
+    const Problem& p = su.p;
+    const int H = p.opt.heads;
+    bool has_narrow = false;
+    for (int r = 0; r < p.batch; ++r) has_narrow |= (p.offsets[r + 1] - p.offsets[r]) * H <= 16;
+    ASSERT_TRUE(has_narrow) << su.name;
     const Result cpu = run_cpu(p);
-    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<512>}) {
-      unsetenv("DDTREE_SM90_NARROW");
+    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>}) {
+      setenv("DDTREE_SM90_NARROW", "probe", 1);
       const Result narrow = run_gpu(p, fn);
       setenv("DDTREE_SM90_NARROW", "0", 1);
       const Result wide = run_gpu(p, fn);
-      unsetenv("DDTREE_SM90_NARROW");
-      int rows_differ = 0;
+      EXPECT_EQ(narrow.status, cpu.status | DDT_DATA_PROBE_NARROW) << su.name << ": the narrow path did not run";
+      EXPECT_EQ(wide.status, cpu.status) << su.name;
+      int rows_differ = 0, nan_rows = 0;
       double max_abs = 0;
       for (size_t row = 0; row < wide.lse.size(); ++row) {
-        bool differ = std::memcmp(&narrow.lse[row], &wide.lse[row], 4) != 0;
+        bool differ = !same(narrow.lse[row], wide.lse[row]);
+        nan_rows += std::isnan(wide.lse[row]);
         for (int d = 0; d < kV; ++d) {
-          const uint16_t a = narrow.out[row * kV + d], b = wide.out[row * kV + d];
-          if (a != b) {
+          const uint16_t ua = narrow.out[row * kV + d], ub = wide.out[row * kV + d];
+          const float a = bf16_f32(ua), b = bf16_f32(ub);
+          if (ua != ub && !(std::isnan(a) && std::isnan(b))) {
             differ = true;
-            max_abs = std::max(max_abs, std::fabs(double(bf16_f32(a)) - double(bf16_f32(b))));
+            max_abs = std::max(max_abs, std::fabs(double(a) - double(b)));
           }
         }
         rows_differ += differ;
       }
-      const Report rep = compare_results(narrow, cpu, su.heads, Tol{});
-      std::printf("  narrow vs wide H %2d page %2d: %d of %zu rows differ (max abs %.3g); narrow vs twin: %s\n",
-                  su.heads, su.page, rows_differ, wide.lse.size(), max_abs, rep.str().c_str());
-      EXPECT_EQ(rows_differ, 0);
-      EXPECT_TRUE(rep.ok) << rep.str();
-      EXPECT_EQ(narrow.status, 0u);
+      Result narrow_status_masked = narrow;
+      narrow_status_masked.status &= ~DDT_DATA_PROBE_NARROW;
+      const Report rep = compare_results(narrow_status_masked, cpu, H, Tol{});
+      std::printf("  narrow vs wide %-15s: %d of %zu rows differ (max abs %.3g; %d NaN rows); narrow vs twin: %s\n",
+                  su.name, rows_differ, wide.lse.size(), max_abs, nan_rows, rep.str().c_str());
+      EXPECT_EQ(rows_differ, 0) << su.name;
+      EXPECT_TRUE(rep.ok) << su.name << ": " << rep.str();
+      if (std::string(su.name).find("NaN") != std::string::npos) {
+        EXPECT_EQ(nan_rows, 17) << "1 + 2 x 8 NaN rows";
+      }
     }
   }
   if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
-  EXPECT_GE(narrow_requests, 20);  // the narrow path really ran
+  else unsetenv("DDTREE_SM90_NARROW");
 }
 
 // Slices request r out of p into a batch-1 problem over the same KV cache and page numbering.

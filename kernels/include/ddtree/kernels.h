@@ -48,6 +48,8 @@ typedef enum ddt_status {
 /* ---- data status word bits (OR-ed into *status by kernels) ---- */
 #define DDT_DATA_NAN_LOGIT 0x1u   /* a NaN logit / log-prob (treated as -inf) or, in top-K, a +inf logit (lse = +inf) */
 #define DDT_DATA_BAD_INDEX 0x2u   /* malformed tree (node count out of range) or an empty key: that request is skipped */
+#define DDT_DATA_PROBE_NARROW 0x100u /* test hook, set only with DDTREE_SM90_NARROW=probe in the environment: an item
+                                        of ddt_verify_attn_sm90_cuda took the narrow path (requests of <= 16 rows) */
 
 /* ---- limits ---- */
 #define DDT_MAX_BUDGET 512  /* nodes besides the root; N = budget + 1 <= 513 */
