@@ -28,6 +28,9 @@
 //    KV stages as the math warps free them (mbarriers full / empty per stage): TMA, one copy per tile through
 //    a 3D tensor map (page_size and split_keys multiples of 64), else cp.async by its 128 threads (any page
 //    size; slots past the key range zero-filled). Q (16 chunks per math thread) once per item.
+//  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_narrow:
+//    rows as wgmma's N, S^T = K Q^T and O^T = V^T P^T, warpgroup 0 S and softmax, warpgroup 1 PV), bitwise
+//    equal to the 64-row path above (docs/PERF_NOTES.md S14).
 //  - Scheduling, checks, padding, poison, workspace and combine: exactly the portable kernel's
 //    (verify_attn_sched.cuh; persistent CTAs over items numbered request-major, then split, then row tile).
 // Compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): other targets get an empty kernel and the launcher
