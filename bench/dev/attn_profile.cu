@@ -6,6 +6,8 @@
 // build (from the repo root; add -DATTN_PROFILE_SM90 for the sm_90a kernel): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \
 //   kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o attn_profile
 // usage: attn_profile
+// The sm_90a build also prints a timeline row per shape: the API call against the main kernel alone and the
+// combine alone (L2 flushed, median of 9).
 // With -DATTN_PROFILE_SM90 the sm_90a kernel instead (kernels/cuda/verify_attn_sm90.cu; its slot 13 = mask, scale
 // and row max, split out of "QK"; "softmax" is then the exp2 and P stores).
 #define DDT_ATTN_PROFILE 1
@@ -17,9 +19,12 @@
 #define ATTN_ENTRY ddt_verify_attn_portable_cuda
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
+
+__global__ void timeline_empty_kernel() {}
 
 int main() {
   using namespace ddtree::kern::attn;
@@ -29,7 +34,7 @@ int main() {
               "softmax | bar C | PV | mask+max | sum/tile | epilogue/item |\n|");
   for (int i = 0; i < 18; ++i) std::printf("---|");
   std::printf("\n");
-  for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}}) {
+  for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}, Shape{2048, 1, 64}}) {
     const int keys = sh.P + sh.T, max_pages = (keys + kPage - 1) / kPage, total = sh.batch * sh.T;
     const int64_t num_pages = int64_t(sh.batch) * max_pages;
     std::mt19937_64 rng(sh.P + sh.T);
@@ -103,6 +108,44 @@ int main() {
       per_tile += sum[k] / tiles;
     }
     std::printf(" %.0f | %.0f |%s\n", per_tile, sum[12] / items, sum[15] > 0 ? " (TMA, 1 copy per tile)" : sum[14] > 0 ? " (TMA, 9 boxes)" : "");
+#ifdef ATTN_PROFILE_SM90
+    {  // Timeline: the API call, the main kernel alone, the combine alone, an empty kernel (CUDA events around
+       // each, L2 flushed before each sample, median of 9). The main kernel here carries the profile stamps.
+      const FlashDeviceInfo dev = device_info();
+      const Bounds b = capacity_bounds(prm, split_keys);
+      const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(b.items, dev.main_ctas)));
+      float* ws_o = static_cast<float*>(ws);
+      float* ws_ml = ws_o + b.partial_rows * kDimV;
+      CUtensorMap map{};
+      const int tma = encode_kv_map(&map, prm);
+      void* flush = nullptr;
+      cudaMalloc(&flush, size_t(256) << 20);
+      auto time_us = [&](auto launch) {
+        std::vector<float> v;
+        for (int i = 0; i < 9; ++i) {
+          cudaMemsetAsync(flush, i, size_t(256) << 20);
+          cudaEventRecord(e0);
+          launch();
+          cudaEventRecord(e1);
+          cudaEventSynchronize(e1);
+          float t = 0;
+          cudaEventElapsedTime(&t, e0, e1);
+          v.push_back(t * 1e3f);
+        }
+        std::sort(v.begin(), v.end());
+        return v[4];
+      };
+      const float t_api = time_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); });
+      const float t_main = time_us([&] {
+        verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1);
+      });
+      const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev.combine_ctas, ws_o, ws_ml, nullptr); });
+      const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });
+      std::printf("|   timeline: API %.1f us = main kernel %.1f (grid %u) + combine %.1f (%lld items); empty kernel %.1f |\n",
+                  t_api, t_main, grid, t_comb, (long long)b.combine_items, t_empty);
+      cudaFree(flush);
+    }
+#endif
     uint32_t st = 1;
     cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost);
     if (st != 0 || cudaGetLastError() != cudaSuccess) { std::printf("status %u / CUDA error\n", st); return 1; }
