@@ -446,6 +446,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.
 __global__ void __launch_bounds__(kThreads, 1)
     verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml) {
+  pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
   extern __shared__ __align__(128) unsigned char smem[];
   Smem sm;
   sm.kv = smem;

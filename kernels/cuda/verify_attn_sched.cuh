@@ -18,6 +18,7 @@
 #include "kernels/common/verify_attn_index.h"
 #include "kernels/common/verify_attn_split.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace ddtree::kern::attn {
 namespace {
@@ -192,6 +193,9 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (offsets_bad(p)) return;  // the main kernel poisoned every row
   scan_requests(p, CombineCounts{split_keys}, s_items, s_rows);
+  // Launched with programmatic dependent launch: the checks and the scan above read only the inputs and run
+  // while the main kernel finishes; its partials are read only after this wait.
+  pdl_wait();
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
   for (int b = blockIdx.x; b < total; b += gridDim.x) {
@@ -391,8 +395,10 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
                           float* ws_o, float* ws_ml, cudaStream_t s) {
   if (b.combine_items == 0) return DDT_OK;
   const int64_t grid = b.combine_items < combine_ctas ? b.combine_items : combine_ctas;
-  verify_attn_combine_kernel<<<unsigned(grid > 0 ? grid : 1), kThreads, 0, s>>>(p, split_keys, ws_o, ws_ml);
-  DDT_CUDA_LAUNCHED();
+  // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
+  // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
+  DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel, dim3(unsigned(grid > 0 ? grid : 1)), dim3(kThreads), 0, s, p,
+                             split_keys, static_cast<const float*>(ws_o), static_cast<const float*>(ws_ml)));
   return DDT_OK;
 }
 

@@ -916,6 +916,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // narrow_mode: 1 = requests of at most 16 rows take process_narrow, 0 = off (DDTREE_SM90_NARROW=0), 2 = on and
   // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
 #if DDT_SM90_BODY
+  pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
   __shared__ __align__(8) uint64_t bars[4];  // full[2], empty[2]
