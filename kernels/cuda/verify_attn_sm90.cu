@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "kernels/common/validate.h"
@@ -329,6 +330,17 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
 #endif
 }
 
+// The kernel's narrow_mode argument, kept in shared memory (written by thread 0 before the first barrier):
+// a register would stay live across the persistent loops.
+__device__ __forceinline__ int& narrow_mode_slot() {
+  __shared__ int mode;
+  return mode;
+}
+
+// Named barriers of 256 threads by id (the narrow path's handovers: ready 5 + b, free 7 + b).
+__device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
 // The narrow path: an item of a request with at most kNarrowRows (16) rows (T 1 at H 8 / 16: decode), so
 // the wide path's 64-row tiles would be 1/8 to 1/4 used. The rows become wgmma's N instead of its M:
 //   S^T [64 keys x 16 rows] = K Q^T  (m64n16k16, A = the KV tile's 9 boxes as they lie (K-major, the wide
@@ -349,15 +361,6 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
 // bitwise on the GPU by ChainNodeEqualsSingleNodeDecodeBitwise and Sm90NarrowPathEqualsWidePathBitwise).
 // Thread (warp v of a warpgroup, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
 // 16 v + g + 8 h, row 8 j + 2 c + e), j, h, e in {0, 1}.
-// The kernel's narrow_mode argument, kept in shared memory (written by thread 0 before the first barrier):
-// a register would stay live across the persistent loops.
-__device__ __forceinline__ int& narrow_mode_slot() {
-  __shared__ int mode;
-  return mode;
-}
-
-__device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
                                float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
@@ -402,7 +405,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       full_phase ^= 1u << buf;
       if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       const int64_t past = k0 + kKeys - ke;
-      if (pipe.tma && past > 0) {  // as the wide path: zero the rows TMA copied past the key range
+      // As the wide path: zero the rows TMA copied past the key range. (This loop and the mask below repeat the
+      // wide path's on purpose: shared inline helpers for them changed the whole kernel's register allocation,
+      // 92 / 124 -> 188 / 440 B of spills, checked with ptxas -v.)
+      if (pipe.tma && past > 0) {
         unsigned char* kvb = base + kOffKv + buf * kKvBytes;
         const int first = kKeys - int(past);
         for (int i = wt; i < int(past) * 72; i += 128) {
@@ -1050,8 +1056,7 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   // The narrow path (process_narrow) unless DDTREE_SM90_NARROW=0; =probe also marks the status word (read per
   // call: the tests compare both paths; a captured CUDA graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_SM90_NARROW");
-  const std::string narrow_str = narrow_env ? narrow_env : "";
-  const int narrow = narrow_str == "0" ? 0 : narrow_str == "probe" ? 2 : 1;
+  const int narrow = !narrow_env ? 1 : std::strcmp(narrow_env, "0") == 0 ? 0 : std::strcmp(narrow_env, "probe") == 0 ? 2 : 1;
   attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
                                                                                             ws_ml, map, tma, narrow);
   DDT_CUDA_LAUNCHED();
