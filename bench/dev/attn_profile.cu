@@ -118,6 +118,8 @@ int main() {
       float* ws_ml = ws_o + b.partial_rows * kDimV;
       CUtensorMap map{};
       const int tma = encode_kv_map(&map, prm);
+      CUtensorMap qmap_wide{}, qmap_narrow{};
+      const int qtma = encode_q_maps(&qmap_wide, &qmap_narrow, prm);
       void* flush = nullptr;
       cudaMalloc(&flush, size_t(256) << 20);
       auto time_us = [&](auto launch) {
@@ -137,7 +139,8 @@ int main() {
       };
       const float t_api = time_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); });
       const float t_main = time_us([&] {
-        verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1);
+        verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
+                                                                    qmap_wide, qmap_narrow, qtma);
       });
       const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev.combine_ctas, ws_o, ws_ml, nullptr); });
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });

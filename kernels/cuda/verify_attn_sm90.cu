@@ -27,7 +27,10 @@
 //  - Loads: the producer warpgroup (its registers given to the math warpgroups with setmaxnreg) fills the two
 //    KV stages as the math warps free them (mbarriers full / empty per stage): TMA, one copy per tile through
 //    a 3D tensor map (page_size and split_keys multiples of 64), else cp.async by its 128 threads (any page
-//    size; slots past the key range zero-filled). Q (16 chunks per math thread) once per item.
+//    size; slots past the key range zero-filled). Per item it also computes the geometry and the page check and
+//    hands them to the math warps through a two-slot ring in shared memory, and loads Q by TMA (one copy: the
+//    latent 512 dims of 64 rows, or the narrow path's 16 rows x 576) once the math warps are done with the
+//    previous item's Q; without the Q tensor maps the math warps load Q with cp.async.
 //  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_narrow:
 //    rows as wgmma's N, S^T = K Q^T and O^T = V^T P^T, warpgroup 0 S and softmax, warpgroup 1 PV), bitwise
 //    equal to the 64-row path above (docs/PERF_NOTES.md S14).
@@ -70,7 +73,10 @@ constexpr int kPBytes = kBox;               //  8,192: P hi or P lo
 constexpr int kOffQ = 0, kOffKv = kQBytes, kOffPHi = kOffKv + 2 * kKvBytes, kOffPLo = kOffPHi + kPBytes;
 constexpr int kSmemUsed = kOffPLo + kPBytes;        // 229,376
 constexpr int kSmemBytes = kSmemUsed + 1024;        // + alignment slack of the dynamic base
-static_assert(kSmemBytes + kMaxItemsPerCta * 12 + 1024 <= 232448, "sm_90: at most 227 KB of shared memory per CTA");
+// Static shared memory (red, the mbarriers, the item ring, the item list, the narrow-mode slot): ~1 KB, which
+// ptxas -v reports as 2,048 bytes; dynamic + static must stay within the 227 KB a CTA may have.
+constexpr int kSmemStaticBound = 2048;
+static_assert(kSmemBytes + kSmemStaticBound <= 232448, "sm_90: at most 227 KB of shared memory per CTA");
 constexpr int kCtaThreads = kThreads + 128;   // + the producer warpgroup
 static_assert(kThreads == 256 && kRows * 4 == kThreads, "Q loader: 4 threads per row, 16 chunks each");
 static_assert(kCtaThreads - kThreads == 2 * kRows, "cp.async KV loader: 2 producer threads per key row");
@@ -226,11 +232,12 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t da, u
       : "memory");
 }
 
-// The item's geometry (both roles compute it from the item alone): rows [64 t, 64 t + 64) of request r
-// against its split's key range [kb, ke) (kb = split x split_keys), or all keys when not split.
+// The item's geometry (computed from the item alone): rows [64 t, 64 t + 64) of request r against its split's
+// key range [kb, ke) (kb = split x split_keys), or all keys when not split. The producer computes it with the
+// page check (bad) and hands it to the math warps through shared memory (ItemRing).
 struct ItemGeom {
   Request q;
-  bool shape_ok, is_split;
+  bool shape_ok, is_split, bad;
   int rows_here;              // rows of this tile that exist (< 64 on a request's last tile)
   int64_t n_rows;             // the request's rows (nodes x heads)
   int64_t row0, tile_row0;    // global flattened row of the request's row 0; the tile's first request row
@@ -255,30 +262,46 @@ __device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, c
   g.ntiles = (g.ke - g.kb + kKeys - 1) / kKeys;
   return g;
 }
-// Is the request's shape or a page of the key range bad? Each role decides it alike on its own (an OR over
-// its threads, each checking a strided share of the pages: the math warps through barrier 1, the producer
-// through barrier 2), so the producer never waits for the math warps between items.
-template <bool kProducer>
+// Is the request's shape or a page of the key range bad? The producer warpgroup decides it (an OR over its
+// threads, each checking a strided share of the pages, through barrier 2) and publishes it with the geometry.
 __device__ bool item_bad(const ddt_verify_attn_params& p, const ItemGeom& g) {
-  constexpr int kRole = kProducer ? kCtaThreads - kThreads : kThreads;
-  const int rt = kProducer ? int(threadIdx.x) - kThreads : int(threadIdx.x);
+  constexpr int kRole = kCtaThreads - kThreads;
+  const int rt = int(threadIdx.x) - kThreads;
   bool bad = !g.shape_ok;
   if (!bad && g.ke > g.kb) {
     const int64_t pg0 = g.kb / p.page_size, pg1 = (g.ke + p.page_size - 1) / p.page_size;
     for (int64_t k = pg0 + rt; k < pg1; k += kRole) bad |= !page_ok(p, g.q, k);
   }
-  return role_bar_or<kProducer ? 2 : 1, kRole>(bad);
+  return role_bar_or<2, kRole>(bad);
+}
+
+// The kernel's narrow_mode argument, kept in shared memory (written by thread 0 before the first barrier):
+// a register would stay live across the persistent loops.
+__device__ __forceinline__ int& narrow_mode_slot() {
+  __shared__ int mode;
+  return mode;
 }
 
 // The KV pipeline: two stages; full[b] completes when stage b's tile has landed (TMA: one arrival with the
 // byte count; cp.async: one arrival per producer thread when its copies land), empty[b] when the 8 math warps
 // are done reading it. Parities: bit b = the parity of stage b's next completion, kept across items (every
 // tile of every item goes through the same two stages in order, tile kt in stage kt & 1).
+// Per item the producer also hands the math warps the item's geometry (ItemGeom incl. the page check) through
+// a ring of two slots (mbarriers info_full / info_empty per slot), and, with Q tensor maps (qtma), loads the
+// item's Q into the Q region by TMA as soon as the math warps are done with the previous item's Q (q_empty:
+// after the last tile's S on the wide path, at the item's end on the narrow path, whose buffers share the
+// region), so neither the scalars' and page table's latency nor Q's sits at the start of an item.
+// Phase words (one per thread, bits): KV stages 0, 1; info slots 2, 3; Q 4; the next info slot 5.
 struct Pipe {
   const CUtensorMap* map;
+  const CUtensorMap* qmap_wide;    // q as {64 dims, rows, 8 chunks}: box {64, 64, 8} = Q's latent 8 boxes
+  const CUtensorMap* qmap_narrow;  // q as {64 dims, rows, 9 chunks}: box {64, 16, 9} = the narrow Q^T boxes
+  ItemGeom* info;                  // [2] (shared memory)
   uint32_t full, empty;  // shared addresses of the two mbarriers each (8 bytes apart)
+  uint32_t info_full, info_empty, q_full, q_empty;
   bool tma;              // TMA (page_size and split_keys multiples of 64) or cp.async
   bool tile3d;           // the map is 3D: one copy per tile (else 9 boxes of the 2D map)
+  bool qtma;             // Q by TMA from the producer (else cp.async by the math warps)
 };
 
 // The producer warpgroup's share of an item: wait until a stage is free, look up where the tile lives, issue
@@ -289,11 +312,38 @@ struct Pipe {
 __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, uint32_t sbase,
                              const Pipe& pipe, uint32_t& empty_phase) {
 #if DDT_SM90_BODY
-  // (No barrier with the math warps: the stages are handed over through the mbarriers alone, so the next
-  // item's first tiles load while the math warps finish this one.)
-  const ItemGeom g = item_geom(p, split_keys, item);
-  if (item_bad<true>(p, g)) return;
+  // (No barrier with the math warps: the stages, the item's geometry and Q are handed over through mbarriers
+  // alone, so the next item's geometry, Q and first tiles load while the math warps finish this one.)
+  ItemGeom g = item_geom(p, split_keys, item);
   const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
+  // The geometry and page check to the math warps first, then Q by TMA (once per item of a good shape) as soon
+  // as the previous item is done with the Q region, then the tiles: the math warps get the geometry as early as
+  // possible, and Q, issued before the first tile's page lookup, lands before the first tile.
+  const bool q_load = pipe.qtma && g.shape_ok;
+  const uint32_t q_free_parity = ((empty_phase >> 4) & 1u) ^ 1u;  // (first use: passes)
+  if (q_load) empty_phase ^= 1u << 4;
+  auto issue_q = [&] {
+    // The narrow path's Q^T [9 boxes][16 rows][64 dims] or the wide path's latent Q [8 boxes][64 rows][64
+    // dims] (rows past the request: the next rows of q, or zeros past its end; their scores reach only their
+    // own rows, which are never stored).
+    const bool narrow = narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows;
+    mbar_expect_tx(pipe.q_full, narrow ? uint32_t(9 * kNBox) : uint32_t(kQBytes));
+    tma_load_tile3d(sbase + uint32_t(narrow ? kOffNQ : kOffQ), narrow ? pipe.qmap_narrow : pipe.qmap_wide,
+                    int(g.row0 + (narrow ? 0 : g.tile_row0)), pipe.q_full);
+  };
+  g.bad = item_bad(p, g);
+  const int slot = int(empty_phase >> 5) & 1;
+  if (pt == 0) {
+    mbar_wait(pipe.info_empty + 8u * uint32_t(slot), ((empty_phase >> (2 + slot)) & 1u) ^ 1u);  // first use: passes
+    pipe.info[slot] = g;
+    mbar_arrive(pipe.info_full + 8u * uint32_t(slot));  // (release: the math warps read the slot after their wait)
+    if (q_load) {
+      mbar_wait(pipe.q_empty, q_free_parity);
+      issue_q();
+    }
+  }
+  empty_phase ^= (1u << 5) | (1u << (2 + slot));
+  if (g.bad) return;
   if (pipe.tma && pt != 0) return;
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
   const int64_t table_row = int64_t(g.q.r) * p.max_pages;
@@ -330,13 +380,6 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
 #endif
 }
 
-// The kernel's narrow_mode argument, kept in shared memory (written by thread 0 before the first barrier):
-// a register would stay live across the persistent loops.
-__device__ __forceinline__ int& narrow_mode_slot() {
-  __shared__ int mode;
-  return mode;
-}
-
 // Named barriers of 256 threads by id (the narrow path's handovers: ready 5 + b, free 7 + b).
 __device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
@@ -362,7 +405,7 @@ __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arr
 // Thread (warp v of a warpgroup, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
 // 16 v + g + 8 h, row 8 j + 2 c + e), j, h, e in {0, 1}.
 __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
-                               float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
+                               float* ws_ml, const Pipe& pipe, uint32_t& full_phase, uint32_t q_parity) {
 #if DDT_SM90_BODY
   // (tid from an opaque move: values derived from it stay inside the item instead of being hoisted out of
   // the persistent loops, where they would be live across the wide path too and spill)
@@ -380,9 +423,13 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
   const uint32_t sq = sbase + kOffNQ;
   float* fin = reinterpret_cast<float*>(base + kOffNFin);  // [16] x (m, l)
   float* alpha_buf = reinterpret_cast<float*>(base + kOffNAlpha);  // [2 parities][16]
-  cp_async_wait_all();  // Q^T (every math thread issued a share)
-  fence_proxy_async();
-  math_bar();
+  if (pipe.qtma) {
+    mbar_wait(pipe.q_full, q_parity);  // Q^T by the producer's TMA
+  } else {
+    cp_async_wait_all();  // Q^T (every math thread issued a share)
+    fence_proxy_async();
+    math_bar();
+  }
 
   if (role == 0) {
     // ---- warpgroup 0: S^T, masks, maxima, P, row sums ----
@@ -595,6 +642,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
           else p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
         }
     }
+    if (pipe.qtma) {  // this warp is done with the Q region (fin lives there): the next item's Q may load
+      __syncwarp();
+      if (lane == 0) mbar_arrive(pipe.q_empty);
+    }
     return;
   }
   // Warpgroup 0: row sums in the wide path's order, ((q0 + q1) + (q2 + q3)) per warpgroup share, then share
@@ -615,6 +666,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     }
   }
   if (tid == 0 && narrow_mode_slot() == 2) atomicOr(p.status, DDT_DATA_PROBE_NARROW);  // DDTREE_SM90_NARROW=probe
+  if (pipe.qtma) {  // this warp is done with the Q region
+    __syncwarp();
+    if (lane == 0) mbar_arrive(pipe.q_empty);
+  }
   DDT_PROF_LAP(12, tp);  // epilogue (warpgroup 0's view)
 #endif
 }
@@ -624,28 +679,53 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
                              float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
+  math_bar();  // every math warp is done with the previous item's P and red
+  // (tid from an opaque move after the barrier: the values derived from it (Q load offsets, rows) stay in the
+  // item instead of being hoisted out of the persistent loop, where they are spilled and reloaded per item)
+  int tid = threadIdx.x;
+  asm volatile("" : "+r"(tid));
+  const int lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
   const int H = p.heads;
   const float nan = num::bits_f32(0x7FC00000u);
-  math_bar();  // every math warp is done with the previous item's Q, P and red
   DDT_PROF_START(tp);
   DDT_PROF_COUNT(9);
 
-  const ItemGeom geo = item_geom(p, split_keys, item);
+  // The item's geometry and page check, from the producer (slot by item parity; one release per warp).
+  const int slot = int(full_phase >> 5) & 1;
+  mbar_wait(pipe.info_full + 8u * uint32_t(slot), (full_phase >> (2 + slot)) & 1u);
+  full_phase ^= (1u << 5) | (1u << (2 + slot));
+  const ItemGeom geo = pipe.info[slot];
+  __syncwarp();
+  if (lane == 0) mbar_arrive(pipe.info_empty + 8u * uint32_t(slot));
   const Request& q = geo.q;
   const bool is_split = geo.is_split;
   const int64_t row0 = geo.row0, tile_row0 = geo.tile_row0, prow0 = geo.prow0, kb = geo.kb, ke = geo.ke;
   const int64_t ntiles = geo.ntiles;
   const int rows_here = geo.rows_here;
 
+  const uint32_t q_parity = (full_phase >> 4) & 1u;
+  if (pipe.qtma && geo.shape_ok) full_phase ^= 1u << 4;  // (the producer loaded Q for every item of a good shape)
+  if (geo.bad) {
+    if (pipe.qtma && geo.shape_ok) {  // Q landed (no other copy may be in flight into the region) and is released
+      mbar_wait(pipe.q_full, q_parity);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(pipe.q_empty);
+    }
+    if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
+    if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
+    else for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
+    return;
+  }
+  // Q: by the producer's TMA (qtma: q_parity is the phase to wait for), else cp.async by the math warps, rows
+  // past the request zero-filled.
   const uint32_t sbase = smem_u32(base);
   const uint32_t sq = sbase + kOffQ, sphi = sbase + kOffPHi, splo = sbase + kOffPLo;
   // The narrow path for requests of at most 16 rows (one row tile): Q^T, all 576 dims, into [9 boxes][16
-  // rows][64 dims] (rows past the request zero-filled).
+  // rows][64 dims].
   const int narrow_mode = narrow_mode_slot();
-  const bool narrow = narrow_mode != 0 && geo.shape_ok && geo.n_rows <= kNarrowRows;
-  if (narrow) {
+  const bool narrow = narrow_mode != 0 && geo.n_rows <= kNarrowRows;
+  if (narrow && !pipe.qtma) {
     const uint16_t* qrow = p.q + row0 * kDimQK;
     for (int i = tid; i < kNarrowRows * 72; i += kThreads) {
       const int r = i / 72, ch = i % 72;
@@ -655,10 +735,14 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
     cp_async_commit();
   }
-  // Q: the latent part into shared memory (16 chunks per thread, rows past the request zero-filled), the
-  //    rope part as A fragments: qr[s] = rows 16 wv + g (+ 8), dims 512 + 16 s + 2 c (+ 8). Issued before the
-  //    page check: its rows exist whatever the request's other scalars say.
-  if (!narrow) {
+  if (narrow) {
+    DDT_PROF_LAP(1, tp);  // item prologue
+    process_narrow(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
+    return;
+  }
+  // Q: the latent part into shared memory (16 chunks per thread), the rope part as A fragments: qr[s] = rows
+  // 16 wv + g (+ 8), dims 512 + 16 s + 2 c (+ 8).
+  if (!pipe.qtma) {
     const uint16_t* qrow = p.q + (row0 + tile_row0) * kDimQK;
 #pragma unroll 4
     for (int i = 0; i < 16; ++i) {
@@ -670,7 +754,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     cp_async_commit();
   }
   uint32_t qr[4][4] = {};
-  if (!narrow) {
+  {
     const int ra = 16 * wv + g, rb = ra + 8;
     const uint32_t* qa = reinterpret_cast<const uint32_t*>(p.q + (row0 + tile_row0 + ra) * kDimQK + kDimV);
     const uint32_t* qb = reinterpret_cast<const uint32_t*>(p.q + (row0 + tile_row0 + rb) * kDimQK + kDimV);
@@ -683,19 +767,6 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       qr[s][2] = va ? __ldg(qa + w0 + 4) : 0u;
       qr[s][3] = vb ? __ldg(qb + w0 + 4) : 0u;
     }
-  }
-
-  if (item_bad<false>(p, geo)) {
-    cp_async_wait_all();  // Q's copies land before the next item reuses the buffer
-    if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
-    if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
-    else for (int i = tid; i < rows_here; i += kThreads) ws_ml[(prow0 + i) * 2] = nan;
-    return;
-  }
-  if (narrow) {
-    DDT_PROF_LAP(1, tp);  // item prologue
-    process_narrow(p, geo, base, ws_o, ws_ml, pipe, full_phase);
-    return;
   }
 
   // Rows of this thread (tile-local): ra = 16 wv + g and rb = ra + 8; their vis rows (valid rows only).
@@ -719,7 +790,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     const int buf = int(it & 1);
     const int64_t k0 = kb + it * kKeys;  // absolute key of the tile's row 0
     DDT_PROF_COUNT(10);
-    if (it == 0) cp_async_wait_all();  // Q
+    if (it == 0) {  // Q
+      if (pipe.qtma) mbar_wait(pipe.q_full, q_parity);
+      else cp_async_wait_all();
+    }
     mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
     full_phase ^= 1u << buf;
     const int64_t past = k0 + kKeys - ke;  // rows [64 - past, 64) lie past the key range
@@ -733,10 +807,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
     fence_proxy_async();
     DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
-    // (A) Q (first tile) and the zeroed rows (last tile) visible to every math warp. Other tiles need no
-    // barrier here: each thread waited for the tile itself, and P / red of the previous tile are rewritten
-    // only after barrier B, which every warp reaches after its previous PV.
-    if (it == 0 || (pipe.tma && past > 0)) math_bar();
+    // (A) Q's cp.async copies (first tile) and the zeroed rows (last tile) visible to every math warp. Other
+    // tiles need no barrier here: each thread waited for the tile itself (and Q by TMA), and P / red of the
+    // previous tile are rewritten only after barrier B, which every warp reaches after its previous PV.
+    if ((it == 0 && !pipe.qtma) || (pipe.tma && past > 0)) math_bar();
     DDT_PROF_LAP(3, tp);
     DDT_PROF_LAP(4, tp);  // (no loads issued here: the producer warpgroup's)
     const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
@@ -758,6 +832,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     wgmma_commit();
     wgmma_wait_all();
     reg_fence(s);
+    if (pipe.qtma && it == ntiles - 1) {  // this warp is done with Q: the producer may load the next item's
+      __syncwarp();
+      if (lane == 0) mbar_arrive(pipe.q_empty);
+    }
     DDT_PROF_LAP(5, tp);  // S (warp 0's warpgroup)
 
     // Scale and mask: element (row, key) with key = k0 + 32 wg + 8 j + 2 c + e. The tile's visible keys as
@@ -863,6 +941,11 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
+  if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: release Q here; split items always have a key)
+    __syncwarp();
+    if (lane == 0) mbar_arrive(pipe.q_empty);
+  }
+
   // Row sums: the quad's shares, then the two warpgroups' in a fixed order (through red).
   l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
   l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
@@ -917,24 +1000,40 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
 __global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
-                            const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_mode) {
+                            const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_mode,
+                            const __grid_constant__ CUtensorMap q_map_wide,
+                            const __grid_constant__ CUtensorMap q_map_narrow, int use_qtma) {
   // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile);
+  // use_qtma: 1 = the Q maps are valid (encode_q_maps), Q loads by the producer's TMA; 0 = cp.async;
   // narrow_mode: 1 = requests of at most 16 rows take process_narrow, 0 = off (DDTREE_SM90_NARROW=0), 2 = on and
   // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
 #if DDT_SM90_BODY
   pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
-  __shared__ __align__(8) uint64_t bars[4];  // full[2], empty[2]
-  const Pipe pipe{&kv_map, smem_u32(bars), smem_u32(bars + 2), use_tma != 0, use_tma == 2};
+  __shared__ __align__(8) uint64_t bars[10];  // full[2], empty[2], info_full[2], info_empty[2], q_full, q_empty
+  __shared__ ItemGeom info[2];
+  const Pipe pipe{&kv_map,         &q_map_wide,      &q_map_narrow,    info,          smem_u32(bars),
+                  smem_u32(bars + 2), smem_u32(bars + 4), smem_u32(bars + 6), smem_u32(bars + 8),
+                  smem_u32(bars + 9), use_tma != 0,    use_tma == 2,     use_qtma != 0};
   if (threadIdx.x == 0) {  // made visible to all threads by offsets_bad's barrier
     narrow_mode_slot() = narrow_mode;
     mbar_init(pipe.full, pipe.tma ? 1 : 128);
     mbar_init(pipe.full + 8, pipe.tma ? 1 : 128);
     mbar_init(pipe.empty, kWarps);
     mbar_init(pipe.empty + 8, kWarps);
+    mbar_init(pipe.info_full, 1);
+    mbar_init(pipe.info_full + 8, 1);
+    mbar_init(pipe.info_empty, kWarps);
+    mbar_init(pipe.info_empty + 8, kWarps);
+    mbar_init(pipe.q_full, 1);
+    mbar_init(pipe.q_empty, kWarps);
     mbar_init_fence();
     if (pipe.tma) tma_prefetch_map(pipe.map);
+    if (pipe.qtma) {
+      tma_prefetch_map(pipe.qmap_wide);
+      tma_prefetch_map(pipe.qmap_narrow);
+    }
   }
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   int* scan_buf = reinterpret_cast<int*>(base + kOffPHi);
@@ -986,9 +1085,10 @@ FlashDeviceInfo device_info() {
 // 1: the 2D map [slots][576] with boxes of 64 x 64 (9 copies per tile), if the 3D encoding is refused;
 // 0: no TMA (driver entry point or both encodings unavailable; the launcher then takes the cp.async path,
 // which loads the same bytes into the same layout). DDTREE_SM90_TMA=0 forces 0, =9 forces the 2D map.
-int encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
-  static const char* env = std::getenv("DDTREE_SM90_TMA");
+// The driver's cuTensorMapEncodeTiled, or null (no entry point, or DDTREE_SM90_TMA=0).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    const char* env = std::getenv("DDTREE_SM90_TMA");
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
     if (env && env[0] == '0') return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
@@ -999,6 +1099,36 @@ int encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+// q [total_nodes x heads rows][576] as the two 3D maps of Pipe (the KV map's trick: {64 dims, rows, chunks}
+// with strides 1,152 B per row and 128 B per chunk, 128-byte swizzle, so one copy lands a whole Q tile in the
+// layout wgmma reads): wide box {64, 64, 8} (the latent 512 dims of 64 rows), narrow box {64, 16, 9} (all 576
+// dims of 16 rows). 1 when both encode (DDTREE_SM90_QTMA=0 forces 0: the math warps' cp.async path).
+int encode_q_maps(CUtensorMap* wide, CUtensorMap* narrow, const ddt_verify_attn_params& p) {
+  const char* env = std::getenv("DDTREE_SM90_QTMA");  // (read per call: the tests compare both paths)
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  const int64_t rows = int64_t(p.total_nodes) * p.heads;
+  if (!encode || (env && env[0] == '0') || rows > int64_t(INT32_MAX)) return 0;
+  void* q = const_cast<uint16_t*>(p.q);
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const cuuint64_t strides[2] = {cuuint64_t(kDimQK) * 2, 128};
+  const cuuint64_t dims_w[3] = {64, cuuint64_t(rows), 8}, dims_n[3] = {64, cuuint64_t(rows), 9};
+  const cuuint32_t box_w[3] = {64, 64, 8}, box_n[3] = {64, kNarrowRows, 9};
+  return encode(wide, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, q, dims_w, strides, box_w, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS &&
+                 encode(narrow, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, q, dims_n, strides, box_n, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+             ? 1
+             : 0;
+}
+
+int encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
+  static const char* env = std::getenv("DDTREE_SM90_TMA");
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return 0;
   void* kv = const_cast<uint16_t*>(p.kv_cache);
   const cuuint64_t slots = cuuint64_t(p.num_pages) * cuuint64_t(p.page_size);
@@ -1057,8 +1187,11 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   // call: the tests compare both paths; a captured CUDA graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_SM90_NARROW");
   const int narrow = !narrow_env ? 1 : std::strcmp(narrow_env, "0") == 0 ? 0 : std::strcmp(narrow_env, "probe") == 0 ? 2 : 1;
-  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
-                                                                                            ws_ml, map, tma, narrow);
+  // Q by the producer's TMA when the q maps encode (DDTREE_SM90_QTMA=0: the math warps' cp.async).
+  CUtensorMap qmap_wide{}, qmap_narrow{};
+  const int qtma = attn::encode_q_maps(&qmap_wide, &qmap_narrow, *p);
+  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(
+      *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma);
   DDT_CUDA_LAUNCHED();
   return attn::launch_combine(*p, split_keys, b, dev.combine_ctas, ws_o, ws_ml, s);
 }
