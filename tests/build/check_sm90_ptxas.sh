@@ -4,7 +4,8 @@
 # serialized": each wgmma then waits for the previous one; the kernel stays correct, every test passes, and
 # the overlap is gone) or injected a wgmma wait of its own (C7517, "warpgroup.wait is injected": it awaits
 # wgmmas the code meant to keep in flight), or when the kernel spills more than a small budget (stores or
-# loads; spilled accumulator registers are one cause of the serialization). Other C75xx notes are printed.
+# loads; spilled accumulator registers are one cause of the serialization), or when its static shared memory
+# exceeds what the 227 KB budget leaves beside the dynamic part. Other C75xx notes are printed.
 # docs/PERF_NOTES.md S9-S12. Usage: check_sm90_ptxas.sh NVCC SOURCE_ROOT [MAX_SPILL_BYTES]
 set -euo pipefail
 nvcc=$1
@@ -43,5 +44,15 @@ if [ "$stores" -gt "$max_spill" ] || [ "$loads" -gt "$max_spill" ]; then
   echo "FAIL: spills above the budget"
   status=1
 fi
-[ "$status" = 0 ] && echo "ok: no serialized wgmma, no injected wait, spills within budget"
+# Static shared memory: the kernel's dynamic 230,400 bytes (kSmemBytes) + static must stay within the 227 KB
+# (232,448 B) a CTA may have, i.e. static <= 2,048 (kSmemStaticBound); past it the launcher's shared-memory
+# opt-in fails at run time, so catch it here.
+smem=$(grep -A3 "verify_attn_sm90_kernel" "$log" | grep -o "[0-9]* bytes smem" | head -n 1 | grep -o "^[0-9]*" || true)
+max_static=2048
+echo "verify_attn_sm90_kernel: ${smem:-?} bytes of static shared memory (bound $max_static)"
+if [ -z "$smem" ] || [ "$smem" -gt "$max_static" ]; then
+  echo "FAIL: static shared memory above kSmemStaticBound (or not reported)"
+  status=1
+fi
+[ "$status" = 0 ] && echo "ok: no serialized wgmma, no injected wait, spills within budget, static shared memory within bound"
 exit $status
