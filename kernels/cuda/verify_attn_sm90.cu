@@ -73,10 +73,8 @@ constexpr int kPBytes = kBox;               //  8,192: P hi or P lo
 constexpr int kOffQ = 0, kOffKv = kQBytes, kOffPHi = kOffKv + 2 * kKvBytes, kOffPLo = kOffPHi + kPBytes;
 constexpr int kSmemUsed = kOffPLo + kPBytes;        // 229,376
 constexpr int kSmemBytes = kSmemUsed + 1024;        // + alignment slack of the dynamic base
-// Static shared memory (red, the mbarriers, the item ring, the item list, the scan's warp sums, the narrow-mode
-// slot): ~1,060 bytes, which ptxas rounds to 2,048 (the dynamic array's 1,024-byte alignment); dynamic + static
-// must stay within the 227 KB a CTA may have. tests/build/check_sm90_ptxas.sh fails CI when ptxas reports more
-// static bytes than this bound (this assert checks only the sum).
+// Static shared memory (red, the mbarriers, the item ring, the item list, the narrow-mode slot): ~1 KB, which
+// ptxas -v reports as 2,048 bytes; dynamic + static must stay within the 227 KB a CTA may have.
 constexpr int kSmemStaticBound = 2048;
 static_assert(kSmemBytes + kSmemStaticBound <= 232448, "sm_90: at most 227 KB of shared memory per CTA");
 constexpr int kCtaThreads = kThreads + 128;   // + the producer warpgroup
@@ -318,8 +316,9 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   // alone, so the next item's geometry, Q and first tiles load while the math warps finish this one.)
   ItemGeom g = item_geom(p, split_keys, item);
   const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
-  // The geometry and page check to the math warps first, then the first tile, then Q by TMA (once per item of a
-  // good shape) as soon as the previous item is done with the Q region, then the other tiles.
+  // The geometry and page check to the math warps first, then Q by TMA (once per item of a good shape) as soon
+  // as the previous item is done with the Q region, then the tiles: the math warps get the geometry as early as
+  // possible, and Q, issued before the first tile's page lookup, lands before the first tile.
   const bool q_load = pipe.qtma && g.shape_ok;
   const uint32_t q_free_parity = ((empty_phase >> 4) & 1u) ^ 1u;  // (first use: passes)
   if (q_load) empty_phase ^= 1u << 4;
@@ -338,12 +337,13 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     mbar_wait(pipe.info_empty + 8u * uint32_t(slot), ((empty_phase >> (2 + slot)) & 1u) ^ 1u);  // first use: passes
     pipe.info[slot] = g;
     mbar_arrive(pipe.info_full + 8u * uint32_t(slot));  // (release: the math warps read the slot after their wait)
+    if (q_load) {
+      mbar_wait(pipe.q_empty, q_free_parity);
+      issue_q();
+    }
   }
   empty_phase ^= (1u << 5) | (1u << (2 + slot));
   if (g.bad) return;
-  // Q after the first tile's copy: after a narrow item the region frees only at its end, and the first tile
-  // should not wait for that.
-  bool q_pending = q_load && pt == 0;
   if (pipe.tma && pt != 0) return;
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
   const int64_t table_row = int64_t(g.q.r) * p.max_pages;
@@ -376,15 +376,6 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
       }
       cp_async_mbar_arrive(bar);
     }
-    if (q_pending) {
-      mbar_wait(pipe.q_empty, q_free_parity);
-      issue_q();
-      q_pending = false;
-    }
-  }
-  if (q_pending) {  // (an item without tiles: not reached, see process_item)
-    mbar_wait(pipe.q_empty, q_free_parity);
-    issue_q();
   }
 #endif
 }
@@ -652,7 +643,6 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         }
     }
     if (pipe.qtma) {  // this warp is done with the Q region (fin lives there): the next item's Q may load
-      fence_proxy_async();  // (generic accesses to the region ordered before the async-proxy Q copy)
       __syncwarp();
       if (lane == 0) mbar_arrive(pipe.q_empty);
     }
@@ -676,8 +666,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     }
   }
   if (tid == 0 && narrow_mode_slot() == 2) atomicOr(p.status, DDT_DATA_PROBE_NARROW);  // DDTREE_SM90_NARROW=probe
-  if (pipe.qtma) {  // this warp is done with the Q region (its P^T, P, maxima, fin, alpha)
-    fence_proxy_async();  // (generic accesses to the region ordered before the async-proxy Q copy)
+  if (pipe.qtma) {  // this warp is done with the Q region
     __syncwarp();
     if (lane == 0) mbar_arrive(pipe.q_empty);
   }
@@ -952,8 +941,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
-  if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: Q landed, then released here; not reached today: a request
-    mbar_wait(pipe.q_full, q_parity);  // of a good shape has P + N >= 1 keys, so every item has a tile)
+  if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: release Q here; split items always have a key)
     __syncwarp();
     if (lane == 0) mbar_arrive(pipe.q_empty);
   }
@@ -1117,8 +1105,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // q [total_nodes x heads rows][576] as the two 3D maps of Pipe (the KV map's trick: {64 dims, rows, chunks}
 // with strides 1,152 B per row and 128 B per chunk, 128-byte swizzle, so one copy lands a whole Q tile in the
 // layout wgmma reads): wide box {64, 64, 8} (the latent 512 dims of 64 rows), narrow box {64, 16, 9} (all 576
-// dims of 16 rows). 1 when both encode; 0 (the math warps' cp.async path) with DDTREE_SM90_QTMA=0, and with
-// DDTREE_SM90_TMA=0, which turns every TMA copy off.
+// dims of 16 rows). 1 when both encode (DDTREE_SM90_QTMA=0 forces 0: the math warps' cp.async path).
 int encode_q_maps(CUtensorMap* wide, CUtensorMap* narrow, const ddt_verify_attn_params& p) {
   const char* env = std::getenv("DDTREE_SM90_QTMA");  // (read per call: the tests compare both paths)
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
