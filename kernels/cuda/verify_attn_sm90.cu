@@ -234,7 +234,7 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t da, u
 
 // The item's geometry (computed from the item alone): rows [64 t, 64 t + 64) of request r against its split's
 // key range [kb, ke) (kb = split x split_keys), or all keys when not split. The producer computes it with the
-// page check (bad) and hands it to the math warps through shared memory (ItemRing).
+// page check (bad) and hands it to the math warps through shared memory (Pipe::info).
 struct ItemGeom {
   Request q;
   bool shape_ok, is_split, bad;
