@@ -119,6 +119,12 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// One arrival on bar per warp (lane 0), after the whole warp got here (the math warps' releases of a stage, an
+// info slot or the Q region: the barriers count warps).
+__device__ __forceinline__ void warp_arrive(uint32_t bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
 // One arrival on bar once every cp.async this thread issued so far has landed (the barrier's count includes it).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -482,8 +488,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       wgmma_commit();
       wgmma_wait_all();
       reg_fence(s);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));  // this warp is done with the stage
+      warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);  // this warp is done with the stage
       DDT_PROF_LAP(5, tp);  // S^T
 
       // Scale and mask (the wide path's masks, per row), max over this thread's 2 keys, the 8 lanes of
@@ -621,8 +626,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 #pragma unroll
       for (int b = 0; b < 8; ++b) reg_fence(acc[b]);
       if (it + 2 < ntiles) named_bar_arrive(7 + buf);  // buffer buf free (warpgroup 0 waits only for it >= 2)
-      __syncwarp();
-      if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));
+      warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);
     }
     math_bar();  // warpgroup 0's (m, l) partials written
     math_bar();  // the final l
@@ -643,8 +647,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         }
     }
     if (pipe.qtma) {  // this warp is done with the Q region (fin lives there): the next item's Q may load
-      __syncwarp();
-      if (lane == 0) mbar_arrive(pipe.q_empty);
+      warp_arrive(pipe.q_empty, lane);
     }
     return;
   }
@@ -667,8 +670,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
   }
   if (tid == 0 && narrow_mode_slot() == 2) atomicOr(p.status, DDT_DATA_PROBE_NARROW);  // DDTREE_SM90_NARROW=probe
   if (pipe.qtma) {  // this warp is done with the Q region
-    __syncwarp();
-    if (lane == 0) mbar_arrive(pipe.q_empty);
+    warp_arrive(pipe.q_empty, lane);
   }
   DDT_PROF_LAP(12, tp);  // epilogue (warpgroup 0's view)
 #endif
@@ -696,8 +698,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   mbar_wait(pipe.info_full + 8u * uint32_t(slot), (full_phase >> (2 + slot)) & 1u);
   full_phase ^= (1u << 5) | (1u << (2 + slot));
   const ItemGeom geo = pipe.info[slot];
-  __syncwarp();
-  if (lane == 0) mbar_arrive(pipe.info_empty + 8u * uint32_t(slot));
+  warp_arrive(pipe.info_empty + 8u * uint32_t(slot), lane);
   const Request& q = geo.q;
   const bool is_split = geo.is_split;
   const int64_t row0 = geo.row0, tile_row0 = geo.tile_row0, prow0 = geo.prow0, kb = geo.kb, ke = geo.ke;
@@ -709,8 +710,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   if (geo.bad) {
     if (pipe.qtma && geo.shape_ok) {  // Q landed (no other copy may be in flight into the region) and is released
       mbar_wait(pipe.q_full, q_parity);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(pipe.q_empty);
+      warp_arrive(pipe.q_empty, lane);
     }
     if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
     if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
@@ -833,8 +833,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     wgmma_wait_all();
     reg_fence(s);
     if (pipe.qtma && it == ntiles - 1) {  // this warp is done with Q: the producer may load the next item's
-      __syncwarp();
-      if (lane == 0) mbar_arrive(pipe.q_empty);
+      warp_arrive(pipe.q_empty, lane);
     }
     DDT_PROF_LAP(5, tp);  // S (warp 0's warpgroup)
 
@@ -936,14 +935,12 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     wgmma_wait_all();
     reg_fence(acc);
     // The stage is free for the producer: one arrival per math warp, after its PV completed.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(pipe.empty + 8u * uint32_t(buf));
+    warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);
     DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
   if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: release Q here; split items always have a key)
-    __syncwarp();
-    if (lane == 0) mbar_arrive(pipe.q_empty);
+    warp_arrive(pipe.q_empty, lane);
   }
 
   // Row sums: the quad's shares, then the two warpgroups' in a fixed order (through red).
