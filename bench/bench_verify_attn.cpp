@@ -8,13 +8,14 @@
 // the portable kernel only.
 //
 // usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] [--contiguous] [--chain]
-//                          [--portable-only] [--sm90-only] [--split-keys N]
+//                          [--portable-only] [--sm90-only] [--split-keys N] [--shape P,T,batch]
 //   --page N           tokens per KV page (default 64)
 //   --contiguous       physical pages in logical order (default: a random permutation of the pages)
 //   --chain            every tree a chain: the causal case (default: random bushy trees)
 //   --portable-only    skip the oracle
 //   --sm90-only        skip the oracle and the portable kernel (the sm_90a kernel only)
 //   --split-keys N     the flash kernels' split length (portable and sm_90a; default 512; 0: never split)
+//   --shape P,T,batch  that one shape only (for a profiler: ncu -k ... bench_verify_attn --shape 32768,1,1)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
 //   --min-fraction F   exit 1 if the portable kernel's fraction of the roofline is below F on a shape
 //                      (default 0: no floor; the oracle is never held to it)
@@ -259,6 +260,7 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
 int main(int argc, char** argv) {
   bool quick = false, portable_only = false;
   double min_fraction = 0.0, max_est_s = 2.0;
+  int one_P = 0, one_T = 0, one_batch = 0;  // --shape
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -270,13 +272,21 @@ int main(int argc, char** argv) {
     else if (a == "--portable-only") portable_only = true;
     else if (a == "--sm90-only") portable_only = g_skip_portable = true;
     else if (a == "--split-keys" && i + 1 < argc) g_split_keys = std::atoi(argv[++i]);
+    else if (a == "--shape" && i + 1 < argc && std::sscanf(argv[i + 1], "%d,%d,%d", &one_P, &one_T, &one_batch) == 3) ++i;
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
-                           "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--split-keys N]\n");
+                           "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--split-keys N] "
+                           "[--shape P,T,batch]\n");
       return 2;
     }
   }
   if (g_page < 1) { std::fprintf(stderr, "bench_verify_attn: --page must be >= 1\n"); return 2; }
+  if (one_P < 0 || one_P > (1 << 20) || one_T < 0 || one_T > kMaxT || one_batch < 0 || one_batch > 1024 ||
+      (one_T > 0) != (one_batch > 0)) {
+    std::fprintf(stderr, "bench_verify_attn: --shape P,T,batch needs 0 <= P <= 2^20, 1 <= T <= %d, 1 <= batch <= 1024\n",
+                 kMaxT);
+    return 2;
+  }
   if (!ddt_cuda_available()) {
     std::printf("bench_verify_attn: no GPU visible; nothing to measure\n");
     return 77;
@@ -304,6 +314,11 @@ int main(int argc, char** argv) {
   std::vector<int> Ps = {512, 2048, 8192, 32768, 131072}, Ts = {1, 8, 16, 32, 64, 128};
   if (quick) { Ps = {2048, 32768}; Ts = {1, 8, 16, 64}; }
   auto fixed_batch = [](int P) { return P <= 2048 ? 64 : (P <= 32768 ? 32 : 8); };
+  if (one_T > 0) {  // --shape
+    Setup st(one_P, one_batch, uint64_t(one_P) * 3 + one_batch);
+    run_shape(s, st, one_T, copy_tbs, portable_only ? -1.0 : max_est_s, min_fraction, flush);
+    Ps.clear();
+  }
   for (int P : Ps)
     for (int batch : {fixed_batch(P), 1}) {
       if (quick && batch == 1 && P < 32768) continue;  // --quick: batch 1 at P = 32k only

@@ -26,7 +26,8 @@ constexpr int kKeyTile = 32;  // key slots per KV tile (splits are whole tiles a
 // bitwise (FIDELITY rule E on cuda). One split_keys per deployment: a small value (e.g. 512) fills the GPU
 // for batch 1 at long contexts; 0 suits large batches (no partial traffic, no workspace).
 constexpr int kMaxItemsPerCta = 16;       // a persistent CTA lists its items 16 at a time (rounds)
-constexpr int kCombineRowsPerItem = 1;    // combine: one CTA per row
+constexpr int kCombineRowsPerItem = 1;    // combine, many splits: one CTA per row (the bound below assumes it)
+constexpr int kCombineFewSplits = 8;      // combine, requests of at most this many splits: a warp per row
 
 struct SplitPlan {
   int row_tiles;            // ceil(rows / row_tile)

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -95,13 +97,23 @@ struct MainCounts {
     return {s.row_tiles * s.splits, s.splits > 1 ? int(rows * s.splits) : 0};
   }
 };
-// The combine: one item per row of a split request.
+// The combine: per split request, one item per row (more than kCombineFewSplits splits: a CTA per row) or per
+// kWarps rows (at most kCombineFewSplits splits: a warp per row).
+// warp_rows: the launch's choice (combine_warp_mode) to use the warp schedule at all.
+__device__ __forceinline__ bool combine_by_warps(bool warp_rows, int splits) {
+  return warp_rows && splits <= kCombineFewSplits;
+}
 struct CombineCounts {
   int split_keys;
+  bool warp_rows;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
-    const int partial = MainCounts<kRowTile>{split_keys}(p, r).partial_rows;  // rows x splits when split, else 0
-    const int64_t rows = int64_t(p.node_offsets[r + 1] - p.node_offsets[r]) * p.heads;
-    return {partial > 0 ? int((rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem) : 0, partial};
+    const Request q = make_request(p, r);
+    const int64_t rows = int64_t(q.nodes) * p.heads;
+    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, kRowTile);
+    if (s.splits <= 1) return {0, 0};  // (MainCounts' plan: only split requests have partials to combine)
+    const int64_t items = combine_by_warps(warp_rows, s.splits) ? (rows + kWarps - 1) / kWarps
+                                                                 : (rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem;
+    return {int(items), int(rows * s.splits)};
   }
 };
 
@@ -180,29 +192,112 @@ __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
 
 // The combine: for each row of a split request, merge its splits' (m, l, o):
 //   M = max_s m_s; w_s = 2^(m_s - M); L = sum_s w_s l_s; out = (sum_s w_s o_s) / L; lse = ln(2) M + ln(L).
-// One CTA per row (an item): warp w sums the splits s = w, w + 8, ... in increasing order (lane: dims
-// [4 lane + 128 k, +4), k < 4: coalesced 512-byte warp loads per split), then the 8 warp sums are added in
-// warp order. The order depends only on the split count, so the result is deterministic and batch
-// invariant. A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN; no visible key
-// at all (M = -inf, every l = 0): 0 / -inf.
-__global__ void __launch_bounds__(kThreads)
-    verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml) {
+// The sums in one fixed order: chain w (w < 8) adds the splits s = w, w + 8, ... in increasing order from 0,
+// then the 8 chains are added in chain order from 0. The order does not depend on the split count (a split
+// past the last is never read; an empty split, all keys masked, adds exact zeros), so the result is
+// deterministic, batch invariant, and a chain node equals its single-node decode (FIDELITY rule E: the chain
+// has extra, empty splits). Two schedules of that one order:
+//  - one CTA per row (an item): warp w runs chain w, the CTA adds the chains. Any S.
+//  - S <= kCombineFewSplits = 8 (chains of one split) and warp_mode != 0: one warp per row (combine_row_warp;
+//    items of kWarps rows). Fewer instructions per row (one item lookup per 8 rows, no block barrier) but one
+//    split's loads in flight per warp at a time: the launcher picks it when there are rows enough to fill the
+//    GPU (combine_warp_mode). Both schedules give the same bits (a GPU test compares them).
+// Lanes hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp loads per split). A split marked bad
+// (m = NaN) or holding a NaN score (l = NaN) makes the row NaN; no visible key at all (M = -inf, every l = 0):
+// 0 / -inf.
+// One warp, one row of at most kCombineFewSplits splits: prow = the row's partial row of split 0 (split s:
+// prow + s n_rows), out_row its output row.
+__device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p, const float* ws_o,
+                                                 const float* ws_ml, int64_t prow, int64_t n_rows, int splits,
+                                                 int64_t out_row) {
+  static_assert(kCombineFewSplits <= kWarps, "a warp-per-row chain holds one split");
+  const int lane = threadIdx.x & 31;
+  // Lane s < splits holds split s's (m, l); the others -inf / 0 (never read below).
+  float m = num::kNegInf, l = 0.0f;
+  if (lane < splits) {
+    m = ws_ml[(prow + lane * n_rows) * 2];
+    l = ws_ml[(prow + lane * n_rows) * 2 + 1];
+  }
+  const bool bad = __any_sync(0xFFFFFFFFu, isnan(m) || isnan(l));
+  const float m_max = warp_max(m);
+  uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV);  // 4 bf16 per uint2
+  if (bad || m_max == num::kNegInf) {
+    const uint16_t v = bad ? num::kBf16QuietNaN : uint16_t(0);
+    const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[lane + 32 * k] = make_uint2(v2, v2);
+    if (lane == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
+    return;
+  }
+  const float wgt_lane = exp2f(m - m_max);  // split lane's weight (the CTA schedule's formula)
+  float4 sum[4] = {};
+  float l_all = 0.0f;
+  // Chain s = split s alone, then added to the sums: the CTA schedule's operations in its order. (One split's
+  // loads in flight per warp: with rows enough, the other warps cover the latency; a rolled loop keeps the
+  // kernel's code small: after an L2 flush every instruction-cache miss goes to memory.)
+#pragma unroll 1
+  for (int s = 0; s < splits; ++s) {
+    const float wgt = __shfl_sync(0xFFFFFFFFu, wgt_lane, s), ls = __shfl_sync(0xFFFFFFFFu, l, s);
+    const float4* src = reinterpret_cast<const float4*>(ws_o + (prow + s * n_rows) * kDimV);
+    float4 acc[4] = {};
+    float l_sum = 0.0f;
+    l_sum += wgt * ls;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 v = src[lane + 32 * k];
+      acc[k].x += wgt * v.x;
+      acc[k].y += wgt * v.y;
+      acc[k].z += wgt * v.z;
+      acc[k].w += wgt * v.w;
+    }
+    l_all += l_sum;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      sum[k].x += acc[k].x;
+      sum[k].y += acc[k].y;
+      sum[k].z += acc[k].z;
+      sum[k].w += acc[k].w;
+    }
+  }
+  const float inv = 1.0f / l_all;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t x = num::f32_to_bf16(sum[k].x * inv), y = num::f32_to_bf16(sum[k].y * inv);
+    const uint32_t z = num::f32_to_bf16(sum[k].z * inv), w = num::f32_to_bf16(sum[k].w * inv);
+    o[lane + 32 * k] = make_uint2(x | (y << 16), z | (w << 16));
+  }
+  if (lane == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
+}
+// (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70 without the
+// bound, and 3 CTAs per SM cost the 32k shapes ~2%.)
+__global__ void __launch_bounds__(kThreads, 4)
+    verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
+                               int warp_mode) {
   __shared__ int s_items[kThreads], s_rows[kThreads];
   __shared__ float4 s_acc[kWarps][kDimV / 4];  // per-warp partial sums (16 KB)
   __shared__ float s_l[kWarps], s_m[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (offsets_bad(p)) return;  // the main kernel poisoned every row
-  scan_requests(p, CombineCounts{split_keys}, s_items, s_rows);
+  scan_requests(p, CombineCounts{split_keys, warp_mode != 0}, s_items, s_rows);
   // Launched with programmatic dependent launch: the checks and the scan above read only the inputs and run
   // while the main kernel finishes; its partials are read only after this wait.
   pdl_wait();
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
+  bool probe_warp = false;  // DDTREE_ATTN_COMBINE=probe: a row of this CTA was merged by the warp schedule
   for (int b = blockIdx.x; b < total; b += gridDim.x) {
-    const Item item = locate_item(p, CombineCounts{split_keys}, s_items, s_rows, b);
+    const Item item = locate_item(p, CombineCounts{split_keys, warp_mode != 0}, s_items, s_rows, b);
     const Request q = make_request(p, item.r);
     const int64_t n_rows = int64_t(q.nodes) * H;
     const SplitPlan plan = split_plan(q.keys, n_rows, split_keys);  // shape checked: only split requests have items
+    if (combine_by_warps(warp_mode != 0, plan.splits)) {  // (uniform over the CTA: an item's rows share the request)
+      const int64_t i = int64_t(item.local) * kWarps + warp;  // request-local row of this warp
+      if (i < n_rows)
+        combine_row_warp(p, ws_o, ws_ml, int64_t(item.partial_base) + i, n_rows, plan.splits,
+                         int64_t(q.first_row) * H + i);
+      probe_warp |= warp_mode == 2;
+      continue;
+    }
     const int64_t i = item.local;                        // request-local row
     const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
     // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
@@ -270,6 +365,7 @@ __global__ void __launch_bounds__(kThreads)
       if (tid == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
     }
   }
+  if (probe_warp && tid == 0) atomicOr(p.status, DDT_DATA_PROBE_COMBINE);
 }
 
 // The main-kernel body both flash kernels share, after their shared-memory setup: (1) node_offsets as a whole
@@ -336,6 +432,7 @@ struct FlashDeviceInfo {
                          // other negative values: the launcher's own refusals (cached)
   int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
   int combine_ctas = 0;  // resident combine CTAs
+  int sms = 0;           // multiprocessors
 };
 // Opts `kernel` in to `smem` bytes of dynamic shared memory and sizes both launches' persistent grids on
 // device `dev`: state 1, or -2 with the CUDA error cleared.
@@ -348,9 +445,9 @@ inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int 
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
       occ < 1 || occ2 < 1) {
     (void)cudaGetLastError();
-    return {-2, 0, 0};
+    return {-2, 0, 0, 0};
   }
-  return {1, occ * sms, occ2 * sms};
+  return {1, occ * sms, occ2 * sms, sms};
 }
 // query(dev) -> FlashDeviceInfo for the current device, cached per device behind a mutex (launches may come
 // from several host threads); one cache per launcher (each passes its own lambda type).
@@ -362,7 +459,7 @@ FlashDeviceInfo cached_device_info(Query query) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     (void)cudaGetLastError();
-    return {-2, 0, 0};
+    return {-2, 0, 0, 0};
   }
   std::lock_guard<std::mutex> lock(mu);
   if (info[dev].state != 0) return info[dev];
@@ -390,15 +487,30 @@ inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, con
   return DDT_OK;
 }
 
+// The combine's warp_mode: 1 (the warp schedule for requests of <= 8 splits) when the batch's row capacity
+// gives at least two items of 8 rows per SM, else 0 (a CTA per row: with few rows the loads of a row's splits
+// run in parallel; docs/PERF_NOTES.md S19: 512 rows are faster by CTAs, 4,096 by warps). The schedule changes
+// no bit. DDTREE_ATTN_COMBINE=cta / warp forces 0 / 1, =probe is 1 and marks the status word (read per call:
+// the tests compare both; a captured graph keeps its capture's value).
+inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms) {
+  if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
+    if (std::strcmp(env, "cta") == 0) return 0;
+    if (std::strcmp(env, "warp") == 0) return 1;
+    if (std::strcmp(env, "probe") == 0) return 2;
+  }
+  return int64_t(p.total_nodes) * p.heads >= int64_t(2 * kWarps) * sms ? 1 : 0;
+}
+
 // The combine launch after a flash kernel (when the capacities allow a split: some request may split).
 inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const Bounds& b, int combine_ctas,
-                          float* ws_o, float* ws_ml, cudaStream_t s) {
+                          int sms, float* ws_o, float* ws_ml, cudaStream_t s) {
   if (b.combine_items == 0) return DDT_OK;
   const int64_t grid = b.combine_items < combine_ctas ? b.combine_items : combine_ctas;
+  const int warp_mode = combine_warp_mode(p, sms);
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
   DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel, dim3(unsigned(grid > 0 ? grid : 1)), dim3(kThreads), 0, s, p,
-                             split_keys, static_cast<const float*>(ws_o), static_cast<const float*>(ws_ml)));
+                             split_keys, static_cast<const float*>(ws_o), static_cast<const float*>(ws_ml), warp_mode));
   return DDT_OK;
 }
 

@@ -369,16 +369,19 @@ int rows_differing(const Result& a, const Result& b) {
   return n;
 }
 
-// Runs fn with DDTREE_SM90_QTMA set to value (nullptr: unset), restoring the caller's setting.
-Result run_gpu_with_qtma(const Problem& p, KernelFn fn, const char* value) {
-  const char* saved = std::getenv("DDTREE_SM90_QTMA");
+// Runs fn with the environment variable `name` set to value (nullptr: unset), restoring the caller's setting.
+Result run_gpu_with_env(const Problem& p, KernelFn fn, const char* name, const char* value) {
+  const char* saved = std::getenv(name);
   const std::string saved_value = saved ? saved : "";
-  if (value) setenv("DDTREE_SM90_QTMA", value, 1);
-  else unsetenv("DDTREE_SM90_QTMA");
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
   Result r = run_gpu(p, fn);
-  if (saved) setenv("DDTREE_SM90_QTMA", saved_value.c_str(), 1);
-  else unsetenv("DDTREE_SM90_QTMA");
+  if (saved) setenv(name, saved_value.c_str(), 1);
+  else unsetenv(name);
   return r;
+}
+Result run_gpu_with_qtma(const Problem& p, KernelFn fn, const char* value) {
+  return run_gpu_with_env(p, fn, "DDTREE_SM90_QTMA", value);
 }
 
 TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
@@ -638,6 +641,54 @@ TEST(VerifyAttnGpu, Sm90ManyItemsPerCtaMixedPaths) {
     EXPECT_EQ(tma.status, DDT_DATA_BAD_INDEX);
     EXPECT_EQ(cp.status, DDT_DATA_BAD_INDEX);
     EXPECT_EQ(differ, 0);
+  }
+}
+
+// The combine's two schedules of one summation order (a CTA per row; a warp per row for requests of at most 8
+// splits, which the launcher picks only when the batch has rows enough) give the same bits: the same batch with
+// DDTREE_ATTN_COMBINE=cta and =probe (the warp schedule, and DDT_DATA_PROBE_COMBINE in the status word as the
+// evidence that it ran), out and lse compared bitwise, both flash kernels at split 64 (requests of 1 .. 12
+// splits: both sides of 8) and 512, H 8 and 16, a bad page, and the NaN-score problem (split 64: it has at most
+// 305 keys); each against the twin.
+TEST(VerifyAttnGpu, CombineSchedulesEqualBitwise) {
+  struct Case { const char* name; Problem p; bool splits_at_512; };
+  std::vector<Case> cases;
+  for (int heads : {8, 16}) {
+    Options o;
+    o.heads = heads;
+    o.page_size = 64;
+    o.q_scale = heads == 16 ? 4.0f : 1.0f;  // (H 16: peaked scores)
+    std::vector<ReqSpec> reqs;
+    const int kNodes[] = {1, 3, 9, 2, 17};
+    for (int i = 0; i < 40; ++i)
+      reqs.push_back({40 + (i * 173) % 720, kNodes[i % 5], i % 2 ? Shape::kChain : Shape::kBushy});  // S 1 .. 12 at 64
+    Problem p = make_problem(71 + heads, reqs, o);
+    p.page_table[size_t(5) * p.max_pages + 1] = -3;  // request 5 (>= 2 pages): a bad page
+    cases.push_back({heads == 8 ? "H 8, bad page" : "H 16 peaked, bad page", p, true});
+  }
+  cases.push_back({"NaN scores", make_nan_score_problem(57, 64).p, false});  // (at most 305 keys)
+  std::vector<Kernel> ks = {kPortable, kPortable64};
+  if (ddtree::test::gpu_is_sm90()) {
+    ks.push_back({"sm90", sm90<512>, Tol{}});
+    ks.push_back({"sm90-s64", sm90<64>, Tol{}});
+  }
+  for (const Case& c : cases) {
+    const Result cpu = run_cpu(c.p);
+    ASSERT_EQ(cpu.rc, DDT_OK);
+    for (const Kernel& k : ks) {
+      if (!c.splits_at_512 && (k.fn == portable<512> || k.fn == sm90<512>)) continue;  // nothing to combine
+      SCOPED_TRACE(std::string(c.name) + ", " + k.name);
+      const Result cta = run_gpu_with_env(c.p, k.fn, "DDTREE_ATTN_COMBINE", "cta");
+      const Result warp = run_gpu_with_env(c.p, k.fn, "DDTREE_ATTN_COMBINE", "probe");
+      EXPECT_EQ(cta.status, cpu.status);
+      EXPECT_EQ(warp.status, cpu.status | DDT_DATA_PROBE_COMBINE) << "the warp schedule did not run";
+      const Report rep = compare_results(cta, cpu, c.p.opt.heads, k.vs_twin);
+      const int differ = rows_differing(cta, warp);
+      std::printf("  %-22s %-8s CTA schedule vs twin: %s; warp vs CTA schedule: %d rows differ\n", c.name, k.name,
+                  rep.str().c_str(), differ);
+      EXPECT_TRUE(rep.ok) << rep.str();
+      EXPECT_EQ(differ, 0);
+    }
   }
 }
 
