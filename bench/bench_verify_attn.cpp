@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
   bool quick = false, portable_only = false;
   double min_fraction = 0.0, max_est_s = 2.0;
   int one_P = 0, one_T = 0, one_batch = 0;  // --shape
+  bool shape_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -272,7 +273,10 @@ int main(int argc, char** argv) {
     else if (a == "--portable-only") portable_only = true;
     else if (a == "--sm90-only") portable_only = g_skip_portable = true;
     else if (a == "--split-keys" && i + 1 < argc) g_split_keys = std::atoi(argv[++i]);
-    else if (a == "--shape" && i + 1 < argc && std::sscanf(argv[i + 1], "%d,%d,%d", &one_P, &one_T, &one_batch) == 3) ++i;
+    else if (a == "--shape" && i + 1 < argc && std::sscanf(argv[i + 1], "%d,%d,%d", &one_P, &one_T, &one_batch) == 3) {
+      shape_given = true;
+      ++i;
+    }
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
                            "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--split-keys N] "
@@ -281,8 +285,8 @@ int main(int argc, char** argv) {
     }
   }
   if (g_page < 1) { std::fprintf(stderr, "bench_verify_attn: --page must be >= 1\n"); return 2; }
-  if (one_P < 0 || one_P > (1 << 20) || one_T < 0 || one_T > kMaxT || one_batch < 0 || one_batch > 1024 ||
-      (one_T > 0) != (one_batch > 0)) {
+  if (shape_given &&
+      (one_P < 0 || one_P > (1 << 20) || one_T < 1 || one_T > kMaxT || one_batch < 1 || one_batch > 1024)) {
     std::fprintf(stderr, "bench_verify_attn: --shape P,T,batch needs 0 <= P <= 2^20, 1 <= T <= %d, 1 <= batch <= 1024\n",
                  kMaxT);
     return 2;
@@ -314,7 +318,7 @@ int main(int argc, char** argv) {
   std::vector<int> Ps = {512, 2048, 8192, 32768, 131072}, Ts = {1, 8, 16, 32, 64, 128};
   if (quick) { Ps = {2048, 32768}; Ts = {1, 8, 16, 64}; }
   auto fixed_batch = [](int P) { return P <= 2048 ? 64 : (P <= 32768 ? 32 : 8); };
-  if (one_T > 0) {  // --shape
+  if (shape_given) {
     Setup st(one_P, one_batch, uint64_t(one_P) * 3 + one_batch);
     run_shape(s, st, one_T, copy_tbs, portable_only ? -1.0 : max_est_s, min_fraction, flush);
     Ps.clear();

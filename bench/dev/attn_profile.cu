@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -146,6 +148,48 @@ int main() {
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });
       std::printf("|   timeline: API %.1f us = main kernel %.1f (grid %u) + combine %.1f (%lld items); empty kernel %.1f |\n",
                   t_api, t_main, grid, t_comb, (long long)b.combine_items, t_empty);
+      {  // Per-CTA timeline of one main-kernel launch after an L2 flush (g_attn_cta, CTAs that ran an item):
+         // median / max over those CTAs of each phase, in us (clock64 at 1.98 GHz; start skew and span from
+         // globaltimer, ns).
+        static long long cta[4096][8];
+        std::memset(cta, 0, sizeof cta);
+        cudaMemcpyToSymbol(g_attn_cta, cta, sizeof cta);
+        cudaMemsetAsync(flush, 7, size_t(256) << 20);
+        cudaEventRecord(e0);
+        verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
+                                                                    qmap_wide, qmap_narrow, qtma);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        cudaMemcpyFromSymbol(cta, g_attn_cta, sizeof cta);
+        long long t0 = 0, t_end = 0;
+        for (unsigned c = 0; c < grid; ++c) {
+          if (t0 == 0 || cta[c][5] < t0) t0 = cta[c][5];
+          t_end = std::max(t_end, cta[c][6]);
+        }
+        std::vector<double> col[6];
+        for (unsigned c = 0; c < grid; ++c) {
+          if (cta[c][1] == 0) continue;  // no item
+          col[0].push_back((cta[c][5] - t0) * 1e-3);
+          for (int k = 1; k <= 4; ++k) col[k].push_back((cta[c][k] - cta[c][k - 1]) / 1980.0);
+          col[5].push_back((cta[c][6] - t0) * 1e-3);
+        }
+        auto med_max = [](std::vector<double>& v) {
+          if (v.empty()) return std::string("-");
+          std::sort(v.begin(), v.end());
+          char buf[48];
+          std::snprintf(buf, sizeof buf, "%.1f / %.1f", v[v.size() / 2], v.back());
+          return std::string(buf);
+        };
+        const size_t working = col[0].size();
+        std::printf("|   CTA timeline (%zu CTAs with items of %u; us, median / max): start skew %s, entry -> first item %s, "
+                    "-> first tile landed %s, -> last item done %s, -> exit %s; exit %s after the first entry; span "
+                    "%.1f us; event time %.1f us |\n",
+                    working, grid, med_max(col[0]).c_str(), med_max(col[1]).c_str(), med_max(col[2]).c_str(),
+                    med_max(col[3]).c_str(), med_max(col[4]).c_str(), med_max(col[5]).c_str(), (t_end - t0) * 1e-3,
+                    t * 1e3);
+      }
       cudaFree(flush);
     }
 #endif

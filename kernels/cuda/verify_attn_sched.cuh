@@ -52,7 +52,26 @@ __device__ __forceinline__ long long* prof_acc() {
     }                                      \
   } while (0)
 #define DDT_PROF_COUNT(slot) do { if (threadIdx.x == 0) ++prof_acc()[slot]; } while (0)
+// A per-CTA timeline (the sm_90a kernel): thread 0's clock64 at 0 entry, 1 first item, 2 first tile's bytes
+// landed, 3 last item done, 4 exit (first_only: kept from the first pass), and globaltimer ns at 5 entry, 6 exit.
+// The harness zeroes g_attn_cta before the launch.
+__device__ long long g_attn_cta[4096][8];
+__device__ __forceinline__ long long globaltimer_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define DDT_PROF_CTA(slot, first_only)                                          \
+  do {                                                                          \
+    if (threadIdx.x == 0) {                                                     \
+      long long* c_ = g_attn_cta[blockIdx.x % 4096];                            \
+      if (!(first_only) || c_[slot] == 0) c_[slot] = clock64();                 \
+    }                                                                           \
+  } while (0)
+#define DDT_PROF_CTA_NS(slot) do { if (threadIdx.x == 0) g_attn_cta[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
 #else
+#define DDT_PROF_CTA(slot, first_only) do {} while (0)
+#define DDT_PROF_CTA_NS(slot) do {} while (0)
 #define DDT_PROF_INIT() do {} while (0)
 #define DDT_PROF_FLUSH() do {} while (0)
 #define DDT_PROF_START(t) do {} while (0)
@@ -191,7 +210,7 @@ __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
 }
 
 // The combine: for each row of a split request, merge its splits' (m, l, o):
-//   M = max_s m_s; w_s = 2^(m_s - M); L = sum_s w_s l_s; out = (sum_s w_s o_s) / L; lse = ln(2) M + ln(L).
+//   M = max_s m_s; w_s = 2^(m_s - M); L = sum_s w_s l_s; out = (sum_s w_s o_s) x (1 / L); lse = ln(2) M + ln(L).
 // The sums in one fixed order: chain w (w < 8) adds the splits s = w, w + 8, ... in increasing order from 0,
 // then the 8 chains are added in chain order from 0. The order does not depend on the split count (a split
 // past the last is never read; an empty split, all keys masked, adds exact zeros), so the result is
@@ -212,7 +231,7 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
                                                  int64_t out_row) {
   static_assert(kCombineFewSplits <= kWarps, "a warp-per-row chain holds one split");
   const int lane = threadIdx.x & 31;
-  // Lane s < splits holds split s's (m, l); the others -inf / 0 (never read below).
+  // Lane s < splits holds split s's (m, l); the others -inf / 0 (neutral in the vote, the max and the weights).
   float m = num::kNegInf, l = 0.0f;
   if (lane < splits) {
     m = ws_ml[(prow + lane * n_rows) * 2];
@@ -232,7 +251,10 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
   const float wgt_lane = exp2f(m - m_max);  // split lane's weight (the CTA schedule's formula)
   float4 sum[4] = {};
   float l_all = 0.0f;
-  // Chain s = split s alone, then added to the sums: the CTA schedule's operations in its order. (One split's
+  // Chain s = split s alone, then added to the sums: the CTA schedule's operations in its order, except that
+  // the CTA schedule also adds the +0 sums of its warps past the last split. Those change no bit: the totals
+  // start at +0 and a round-to-nearest add gives -0 only when both operands are -0, so no total is ever -0
+  // (this needs subnormals kept: kernels/CMakeLists.txt refuses -ftz=true). (One split's
   // loads in flight per warp: with rows enough, the other warps cover the latency; a rolled loop keeps the
   // kernel's code small: after an L2 flush every instruction-cache miss goes to memory.)
 #pragma unroll 1
@@ -298,6 +320,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       probe_warp |= warp_mode == 2;
       continue;
     }
+    static_assert(kCombineRowsPerItem == 1, "the CTA schedule: one row per item");
     const int64_t i = item.local;                        // request-local row
     const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
     // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
@@ -490,8 +513,10 @@ inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, con
 // The combine's warp_mode: 1 (the warp schedule for requests of <= 8 splits) when the batch's row capacity
 // gives at least two items of 8 rows per SM, else 0 (a CTA per row: with few rows the loads of a row's splits
 // run in parallel; docs/PERF_NOTES.md S19: 512 rows are faster by CTAs, 4,096 by warps). The schedule changes
-// no bit. DDTREE_ATTN_COMBINE=cta / warp forces 0 / 1, =probe is 1 and marks the status word (read per call:
-// the tests compare both; a captured graph keeps its capture's value).
+// no bit. The row capacity counts padding rows: a graph captured at a large capacity takes the warp schedule
+// for small real batches too (slower there, docs/PERF_NOTES.md S19, not wrong). DDTREE_ATTN_COMBINE=cta / warp
+// forces 0 / 1, =probe is 1 and marks the status word; other values mean the default (read per call: the tests
+// compare both; a captured graph keeps its capture's value).
 inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms) {
   if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
     if (std::strcmp(env, "cta") == 0) return 0;

@@ -472,6 +472,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         wg_bar(0);  // (warpgroup 1 reads the tile after "ready", which comes later)
       }
       DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
+      DDT_PROF_CTA(2, true);
       const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
 
       // S^T = K Q^T over the 576 dims.
@@ -692,6 +693,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   const float nan = num::bits_f32(0x7FC00000u);
   DDT_PROF_START(tp);
   DDT_PROF_COUNT(9);
+  DDT_PROF_CTA(1, true);
 
   // The item's geometry and page check, from the producer (slot by item parity; one release per warp).
   const int slot = int(full_phase >> 5) & 1;
@@ -807,6 +809,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     }
     fence_proxy_async();
     DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
+    DDT_PROF_CTA(2, true);
     // (A) Q's cp.async copies (first tile) and the zeroed rows (last tile) visible to every math warp. Other
     // tiles need no barrier here: each thread waited for the tile itself (and Q by TMA), and P / red of the
     // previous tile are rewritten only after barrier B, which every warp reaches after its previous PV.
@@ -1006,6 +1009,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
 #if DDT_SM90_BODY
   pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
+  DDT_PROF_CTA(0, false);
+  DDT_PROF_CTA_NS(5);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
   __shared__ __align__(8) uint64_t bars[10];  // full[2], empty[2], info_full[2], info_empty[2], q_full, q_empty
@@ -1047,7 +1052,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     uint32_t full_phase = 0;
     run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
       process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
+      DDT_PROF_CTA(3, false);
     });
+    DDT_PROF_CTA(4, false);
+    DDT_PROF_CTA_NS(6);
   }
 #endif
 }

@@ -315,6 +315,8 @@ TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
 // chain node and the single-node decode see the same splits (the chain's masked extra keys and splits add
 // exact zeros). P = 1000, N = 40: with split_keys 1024 the chain (1040 keys) is split while the decodes of
 // nodes 0..23 (<= 1024 keys) are not: the split + combine path must equal the unsplit one bitwise.
+Result run_gpu_with_env(const Problem& p, KernelFn fn, const char* name, const char* value);  // (below)
+
 TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
   struct K { const char* name; KernelFn fn; };
   std::vector<K> kernels = {{"oracle", ddt_verify_attn_cuda}, {"portable s0", portable<0>},
@@ -339,6 +341,18 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
             << "node " << i;
         EXPECT_EQ(0, std::memcmp(one.lse.data(), chain.lse.data() + size_t(i) * o.heads, one.lse.size() * 4))
             << "node " << i;
+        ++checked;
+      }
+      // Across the combine's two schedules (the same bits: CombineSchedulesEqualBitwise): the decode merged by
+      // the warp schedule against the chain merged by the CTA one (the default takes the CTA one for batches
+      // this small). Only split 512 / 1024 have requests of <= 8 splits here; the others rerun the same path.
+      const Result chain_cta = run_gpu_with_env(p, k.fn, "DDTREE_ATTN_COMBINE", "cta");
+      for (int i : {5, 24, 39}) {
+        const Result one = run_gpu_with_env(chain_node_decode(p, i), k.fn, "DDTREE_ATTN_COMBINE", "warp");
+        EXPECT_EQ(0, std::memcmp(one.out.data(), chain_cta.out.data() + size_t(i) * o.heads * kV, one.out.size() * 2))
+            << "node " << i << ", decode by the warp schedule";
+        EXPECT_EQ(0, std::memcmp(one.lse.data(), chain_cta.lse.data() + size_t(i) * o.heads, one.lse.size() * 4))
+            << "node " << i << ", decode by the warp schedule";
         ++checked;
       }
       std::printf("  %-15s page %2d: chain node == single-node decode (bitwise) checked at %d nodes\n", k.name, page,
@@ -663,7 +677,7 @@ TEST(VerifyAttnGpu, CombineSchedulesEqualBitwise) {
     for (int i = 0; i < 40; ++i)
       reqs.push_back({40 + (i * 173) % 720, kNodes[i % 5], i % 2 ? Shape::kChain : Shape::kBushy});  // S 1 .. 12 at 64
     Problem p = make_problem(71 + heads, reqs, o);
-    p.page_table[size_t(5) * p.max_pages + 1] = -3;  // request 5 (>= 2 pages): a bad page
+    p.page_table[size_t(3) * p.max_pages + 1] = -3;  // request 3 (561 keys: split at 64 and 512): a bad page
     cases.push_back({heads == 8 ? "H 8, bad page" : "H 16 peaked, bad page", p, true});
   }
   cases.push_back({"NaN scores", make_nan_score_problem(57, 64).p, false});  // (at most 305 keys)
