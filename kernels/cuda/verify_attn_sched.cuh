@@ -439,6 +439,9 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
       if (item.r < 0) break;
       process(item);
     }
+    // A list that did not fill (its items are blockIdx.x + j gridDim.x in increasing j) was this CTA's last:
+    // leave without another scan (uniform: items never write s_list; every role reads the same entry).
+    if (s_list[kMaxItemsPerCta - 1].r < 0) break;
   }
   if (!kJoinOnly) {
     const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
