@@ -224,6 +224,24 @@ __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
 // Lanes hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp loads per split). A split marked bad
 // (m = NaN) or holding a NaN score (l = NaN) makes the row NaN; no visible key at all (M = -inf, every l = 0):
 // 0 / -inf.
+// acc += wgt x (one split's o at dims [4 lane + 128 k, +4), k < 4): a chain's step, the same operations in both
+// schedules (their bitwise equality rests on it).
+__device__ __forceinline__ void combine_chain_add(float4 (&acc)[4], float wgt, const float4* src, int lane) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 v = src[lane + 32 * k];
+    acc[k].x += wgt * v.x;
+    acc[k].y += wgt * v.y;
+    acc[k].z += wgt * v.z;
+    acc[k].w += wgt * v.w;
+  }
+}
+// 4 output dims: the sums times 1 / L, as bf16.
+__device__ __forceinline__ uint2 combine_out_bf16x4(float4 sum, float inv) {
+  const uint32_t x = num::f32_to_bf16(sum.x * inv), y = num::f32_to_bf16(sum.y * inv);
+  const uint32_t z = num::f32_to_bf16(sum.z * inv), w = num::f32_to_bf16(sum.w * inv);
+  return make_uint2(x | (y << 16), z | (w << 16));
+}
 // One warp, one row of at most kCombineFewSplits splits: prow = the row's partial row of split 0 (split s:
 // prow + s n_rows), out_row its output row.
 __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p, const float* ws_o,
@@ -264,14 +282,7 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
     float4 acc[4] = {};
     float l_sum = 0.0f;
     l_sum += wgt * ls;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 v = src[lane + 32 * k];
-      acc[k].x += wgt * v.x;
-      acc[k].y += wgt * v.y;
-      acc[k].z += wgt * v.z;
-      acc[k].w += wgt * v.w;
-    }
+    combine_chain_add(acc, wgt, src, lane);
     l_all += l_sum;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -283,11 +294,7 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
   }
   const float inv = 1.0f / l_all;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t x = num::f32_to_bf16(sum[k].x * inv), y = num::f32_to_bf16(sum[k].y * inv);
-    const uint32_t z = num::f32_to_bf16(sum[k].z * inv), w = num::f32_to_bf16(sum[k].w * inv);
-    o[lane + 32 * k] = make_uint2(x | (y << 16), z | (w << 16));
-  }
+  for (int k = 0; k < 4; ++k) o[lane + 32 * k] = combine_out_bf16x4(sum[k], inv);
   if (lane == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
 }
 // (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70 without the
@@ -354,15 +361,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       const int64_t pr = prow + s * n_rows;
       const float wgt = exp2f(ws_ml[pr * 2] - m_max);
       l_sum += wgt * ws_ml[pr * 2 + 1];
-      const float4* src = reinterpret_cast<const float4*>(ws_o + pr * kDimV);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 v = src[lane + 32 * k];
-        acc[k].x += wgt * v.x;
-        acc[k].y += wgt * v.y;
-        acc[k].z += wgt * v.z;
-        acc[k].w += wgt * v.w;
-      }
+      combine_chain_add(acc, wgt, reinterpret_cast<const float4*>(ws_o + pr * kDimV), lane);
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) s_acc[warp][lane + 32 * k] = acc[k];
@@ -381,10 +380,7 @@ __global__ void __launch_bounds__(kThreads, 4)
         sum.z += v.z;
         sum.w += v.w;
       }
-      const float inv = 1.0f / l_all;
-      const uint32_t x = num::f32_to_bf16(sum.x * inv), y = num::f32_to_bf16(sum.y * inv);
-      const uint32_t z = num::f32_to_bf16(sum.z * inv), w = num::f32_to_bf16(sum.w * inv);
-      o[tid] = make_uint2(x | (y << 16), z | (w << 16));
+      o[tid] = combine_out_bf16x4(sum, 1.0f / l_all);
       if (tid == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
     }
   }
