@@ -436,8 +436,13 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
       process(item);
     }
     // A list that did not fill (its items are blockIdx.x + j gridDim.x in increasing j) was this CTA's last:
-    // leave without another scan (uniform: items never write s_list; every role reads the same entry).
-    if (s_list[kMaxItemsPerCta - 1].r < 0) break;
+    // leave without another scan (uniform: items never write s_list; every role reads the same entry). The
+    // barrier keeps the sm_90a kernel's producer warpgroup, whose last copies may still be in flight, alive
+    // until the math warps are done with them (as the next round's first barrier did before).
+    if (s_list[kMaxItemsPerCta - 1].r < 0) {
+      __syncthreads();
+      break;
+    }
   }
   if (!kJoinOnly) {
     const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
