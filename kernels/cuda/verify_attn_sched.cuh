@@ -105,15 +105,24 @@ struct Counts {
   int items;         // work items of this request in the kernel at hand
   int partial_rows;  // workspace rows of this request (rows x splits when split, else 0)
 };
+// Request r's rows (nodes x heads) and split plan (an invalid request: one unsplit item per row tile).
+struct RequestPlan {
+  int64_t rows;
+  SplitPlan s;
+};
+__device__ __forceinline__ RequestPlan request_plan(const ddt_verify_attn_params& p, int r, int split_keys,
+                                                    int row_tile) {
+  const Request q = make_request(p, r);
+  const int64_t rows = int64_t(q.nodes) * p.heads;
+  return {rows, split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, row_tile)};
+}
 // A flash kernel with row tiles of RowTile rows: row_tiles x splits items per request.
 template <int RowTile>
 struct MainCounts {
   int split_keys;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
-    const Request q = make_request(p, r);
-    const int64_t rows = int64_t(q.nodes) * p.heads;
-    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, RowTile);
-    return {s.row_tiles * s.splits, s.splits > 1 ? int(rows * s.splits) : 0};
+    const RequestPlan rp = request_plan(p, r, split_keys, RowTile);
+    return {rp.s.row_tiles * rp.s.splits, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0};
   }
 };
 // The combine: per split request, one item per row (more than kCombineFewSplits splits: a CTA per row) or per
@@ -126,13 +135,12 @@ struct CombineCounts {
   int split_keys;
   bool warp_rows;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
-    const Request q = make_request(p, r);
-    const int64_t rows = int64_t(q.nodes) * p.heads;
-    const SplitPlan s = split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, kRowTile);
-    if (s.splits <= 1) return {0, 0};  // (MainCounts' plan: only split requests have partials to combine)
-    const int64_t items = combine_by_warps(warp_rows, s.splits) ? (rows + kWarps - 1) / kWarps
-                                                                 : (rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem;
-    return {int(items), int(rows * s.splits)};
+    const RequestPlan rp = request_plan(p, r, split_keys, kRowTile);  // (the splits do not depend on the tile)
+    if (rp.s.splits <= 1) return {0, 0};  // only split requests have partials to combine
+    const int64_t items = combine_by_warps(warp_rows, rp.s.splits)
+                              ? (rp.rows + kWarps - 1) / kWarps
+                              : (rp.rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem;
+    return {int(items), int(rp.rows * rp.s.splits)};
   }
 };
 
