@@ -36,7 +36,7 @@ int main() {
               "softmax | bar C | PV | mask+max | sum/tile | epilogue/item |\n|");
   for (int i = 0; i < 18; ++i) std::printf("---|");
   std::printf("\n");
-  for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}, Shape{2048, 1, 64}}) {
+  for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}, Shape{2048, 1, 64}, Shape{131072, 1, 1}, Shape{32768, 64, 1}}) {
     const int keys = sh.P + sh.T, max_pages = (keys + kPage - 1) / kPage, total = sh.batch * sh.T;
     const int64_t num_pages = int64_t(sh.batch) * max_pages;
     std::mt19937_64 rng(sh.P + sh.T);
@@ -151,18 +151,21 @@ int main() {
       {  // Per-CTA timeline of one main-kernel launch after an L2 flush (g_attn_cta, CTAs that ran an item):
          // median / max over those CTAs of each phase, in us (clock64 at 1.98 GHz; start skew and span from
          // globaltimer, ns).
-        static long long cta[4096][8];
+        // (One API call: the main kernel and the combine under PDL, both stamped.)
+        static long long cta[4096][16], comb[4096][4];
         std::memset(cta, 0, sizeof cta);
+        std::memset(comb, 0, sizeof comb);
         cudaMemcpyToSymbol(g_attn_cta, cta, sizeof cta);
+        cudaMemcpyToSymbol(g_attn_comb, comb, sizeof comb);
         cudaMemsetAsync(flush, 7, size_t(256) << 20);
         cudaEventRecord(e0);
-        verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
-                                                                    qmap_wide, qmap_narrow, qtma);
+        ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr);
         cudaEventRecord(e1);
         cudaEventSynchronize(e1);
         float t = 0;
         cudaEventElapsedTime(&t, e0, e1);
         cudaMemcpyFromSymbol(cta, g_attn_cta, sizeof cta);
+        cudaMemcpyFromSymbol(comb, g_attn_comb, sizeof comb);
         long long t0 = 0, t_end = 0;
         for (unsigned c = 0; c < grid; ++c) {
           if (t0 == 0 || cta[c][5] < t0) t0 = cta[c][5];
@@ -182,6 +185,36 @@ int main() {
           std::snprintf(buf, sizeof buf, "%.1f / %.1f", v[v.size() / 2], v.back());
           return std::string(buf);
         };
+        // The startup in detail: median over the working CTAs of each stamp after the CTA's entry (us).
+        std::vector<double> st[7];
+        const int st_slot[7] = {7, 8, 1, 9, 10, 11, 2};
+        for (unsigned c = 0; c < grid; ++c) {
+          if (cta[c][1] == 0) continue;
+          for (int k = 0; k < 7; ++k)
+            if (cta[c][st_slot[k]] != 0) st[k].push_back((cta[c][st_slot[k]] - cta[c][0]) / 1980.0);
+        }
+        std::printf("|   startup (us after entry, median / max): offsets checked %s, scan done %s, math first item %s; "
+                    "producer: geometry %s, page check %s, first KV copy issued %s; first tile landed %s |\n",
+                    med_max(st[0]).c_str(), med_max(st[1]).c_str(), med_max(st[2]).c_str(), med_max(st[3]).c_str(),
+                    med_max(st[4]).c_str(), med_max(st[5]).c_str(), med_max(st[6]).c_str());
+        // The combine after the main kernel (globaltimer ns, relative to the main kernel's first entry).
+        long long c_in = 0, c_w0 = 0, c_w1 = 0, c_out = 0;
+        int c_n = 0;
+        for (int c = 0; c < 4096; ++c) {
+          if (comb[c][0] == 0) continue;
+          ++c_n;
+          c_in = c_in == 0 ? comb[c][0] : std::min(c_in, comb[c][0]);
+          if (comb[c][1]) {
+            c_w0 = c_w0 == 0 ? comb[c][1] : std::min(c_w0, comb[c][1]);
+            c_w1 = std::max(c_w1, comb[c][1]);
+          }
+          c_out = std::max(c_out, comb[c][2]);
+        }
+        if (c_n > 0)
+          std::printf("|   call timeline (us after the main kernel's first entry): main last exit %.1f; combine (%d CTAs) "
+                      "first entry %.1f, past pdl_wait %.1f .. %.1f, last exit %.1f; event time %.1f |\n",
+                      (t_end - t0) * 1e-3, c_n, (c_in - t0) * 1e-3, (c_w0 - t0) * 1e-3, (c_w1 - t0) * 1e-3,
+                      (c_out - t0) * 1e-3, t * 1e3);
         const size_t working = col[0].size();
         std::printf("|   CTA timeline (%zu CTAs with items of %u; us, median / max): start skew %s, entry -> first item %s, "
                     "-> first tile landed %s, -> last item done %s, -> exit %s; exit %s after the first entry; span "

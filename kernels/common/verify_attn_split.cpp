@@ -17,9 +17,9 @@ extern "C" int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* 
     return fail(DDT_ERR_SHAPE, "verify_attn_portable: split_keys must be 0 (no split) or a positive multiple of 32, got " +
                                    std::to_string(split_keys));
   const attn::Bounds b = attn::capacity_bounds(*p, split_keys);
-  if (b.items > 0x7FFFFFFF || b.partial_rows > 0x7FFFFFFF)
-    return fail(DDT_ERR_SHAPE,
-                "verify_attn_portable_workspace: the capacities need more than 2^31 work items or partial rows");
+  if (b.items > 0x7FFFFFFF || b.partial_rows > 0x7FFFFFFF || b.combine_items > 0x7FFFFFFF)
+    return fail(DDT_ERR_SHAPE, "verify_attn_portable_workspace: the capacities need more than 2^31 work items, "
+                               "partial rows or combine items");
   *bytes = size_t(b.partial_rows) * size_t(attn::kPartialRowBytes);
   return DDT_OK;
 }

@@ -26,7 +26,7 @@ constexpr int kKeyTile = 32;  // key slots per KV tile (splits are whole tiles a
 // bitwise (FIDELITY rule E on cuda). One split_keys per deployment: a small value (e.g. 512) fills the GPU
 // for batch 1 at long contexts; 0 suits large batches (no partial traffic, no workspace).
 constexpr int kMaxItemsPerCta = 16;       // a persistent CTA lists its items 16 at a time (rounds)
-constexpr int kCombineRowsPerItem = 1;    // combine, many splits: one CTA per row (the bound below assumes it)
+constexpr int kCombineMaxSlices = 4;      // combine, CTA schedule: at most 4 items (dim slices) per row
 constexpr int kCombineFewSplits = 8;      // combine, requests of at most this many splits: a warp per row
 
 struct SplitPlan {
@@ -66,7 +66,8 @@ inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys) {
   Bounds b;
   b.items = tiles * smax;
   b.partial_rows = smax > 1 ? rows * smax : 0;  // sum_r N_r H x splits_r over split requests
-  b.combine_items = b.partial_rows > 0 ? (rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem + p.batch : 0;
+  // Combine items: at most kCombineMaxSlices per row of a split request (the CTA schedule; a warp per row: fewer).
+  b.combine_items = b.partial_rows > 0 ? rows * kCombineMaxSlices : 0;
   return b;
 }
 constexpr int64_t kPartialRowBytes = int64_t(DDT_ATTN_DIM_V + 2) * 4;  // f32 o[512] + (m, l)

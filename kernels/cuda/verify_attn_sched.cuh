@@ -53,25 +53,33 @@ __device__ __forceinline__ long long* prof_acc() {
   } while (0)
 #define DDT_PROF_COUNT(slot) do { if (threadIdx.x == 0) ++prof_acc()[slot]; } while (0)
 // A per-CTA timeline (the sm_90a kernel): thread 0's clock64 at 0 entry, 1 first item, 2 first tile's bytes
-// landed, 3 last item done, 4 exit (first_only: kept from the first pass), and globaltimer ns at 5 entry, 6 exit.
-// The harness zeroes g_attn_cta before the launch.
-__device__ long long g_attn_cta[4096][8];
+// landed, 3 last item done, 4 exit (first_only: kept from the first pass), and globaltimer ns at 5 entry, 6 exit;
+// the startup in detail (clock64, first pass): 7 node_offsets checked, 8 scan done (thread 0), 9 first item's
+// geometry, 10 its page check done, 11 its first KV copy issued (the producer's thread 256). The combine's
+// threads 0 stamp globaltimer ns in g_attn_comb: 0 entry, 1 after pdl_wait, 2 exit. The harness zeroes both
+// before the launch.
+__device__ long long g_attn_cta[4096][16];
+__device__ long long g_attn_comb[4096][4];
 __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define DDT_PROF_CTA(slot, first_only)                                          \
+#define DDT_PROF_CTA_AT(slot, thread, first_only)                               \
   do {                                                                          \
-    if (threadIdx.x == 0) {                                                     \
+    if (threadIdx.x == (thread)) {                                              \
       long long* c_ = g_attn_cta[blockIdx.x % 4096];                            \
       if (!(first_only) || c_[slot] == 0) c_[slot] = clock64();                 \
     }                                                                           \
   } while (0)
+#define DDT_PROF_CTA(slot, first_only) DDT_PROF_CTA_AT(slot, 0, first_only)
 #define DDT_PROF_CTA_NS(slot) do { if (threadIdx.x == 0) g_attn_cta[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
+#define DDT_PROF_COMB_NS(slot) do { if (threadIdx.x == 0) g_attn_comb[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
 #else
+#define DDT_PROF_CTA_AT(slot, thread, first_only) do {} while (0)
 #define DDT_PROF_CTA(slot, first_only) do {} while (0)
 #define DDT_PROF_CTA_NS(slot) do {} while (0)
+#define DDT_PROF_COMB_NS(slot) do {} while (0)
 #define DDT_PROF_INIT() do {} while (0)
 #define DDT_PROF_FLUSH() do {} while (0)
 #define DDT_PROF_START(t) do {} while (0)
@@ -125,8 +133,8 @@ struct MainCounts {
     return {rp.s.row_tiles * rp.s.splits, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0};
   }
 };
-// The combine: per split request, one item per row (more than kCombineFewSplits splits: a CTA per row) or per
-// kWarps rows (at most kCombineFewSplits splits: a warp per row).
+// The combine: per split request, `slices` items per row (more than kCombineFewSplits splits: a CTA per (row,
+// 512 / slices dims)) or one per kWarps rows (at most kCombineFewSplits splits: a warp per row).
 // warp_rows: the launch's choice (combine_warp_mode) to use the warp schedule at all.
 __device__ __forceinline__ bool combine_by_warps(bool warp_rows, int splits) {
   return warp_rows && splits <= kCombineFewSplits;
@@ -134,12 +142,13 @@ __device__ __forceinline__ bool combine_by_warps(bool warp_rows, int splits) {
 struct CombineCounts {
   int split_keys;
   bool warp_rows;
+  int slices;  // the CTA schedule's items per row (verify_attn_combine_kernel's kSlices)
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
     const RequestPlan rp = request_plan(p, r, split_keys, kRowTile);  // (the splits do not depend on the tile)
     if (rp.s.splits <= 1) return {0, 0};  // only split requests have partials to combine
     const int64_t items = combine_by_warps(warp_rows, rp.s.splits)
                               ? (rp.rows + kWarps - 1) / kWarps
-                              : (rp.rows + kCombineRowsPerItem - 1) / kCombineRowsPerItem;
+                              : rp.rows * slices;
     return {int(items), int(rp.rows * rp.s.splits)};
   }
 };
@@ -224,25 +233,25 @@ __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
 // past the last is never read; an empty split, all keys masked, adds exact zeros), so the result is
 // deterministic, batch invariant, and a chain node equals its single-node decode (FIDELITY rule E: the chain
 // has extra, empty splits). Two schedules of that one order:
-//  - one CTA per row (an item): warp w runs chain w, the CTA adds the chains. Any S.
+//  - one CTA per (row, slice of 512 / kSlices dims) (an item, kSlices = 1, 2, 4: combine_slices): warp w runs
+//    chain w over the slice's dims, the CTA adds the chains. Any S. With few rows (batch 1 at long contexts:
+//    8 rows, hundreds of splits) a CTA per row leaves most SMs idle and each CTA latency-bound; slices give
+//    more CTAs and, with fewer loads per lane per split, more splits' loads in flight per warp. Every slice
+//    recomputes M, the weights and L the same way; slice 0 writes lse.
 //  - S <= kCombineFewSplits = 8 (chains of one split) and warp_mode != 0: one warp per row (combine_row_warp;
 //    items of kWarps rows). Fewer instructions per row (one item lookup per 8 rows, no block barrier) but one
 //    split's loads in flight per warp at a time: the launcher picks it when there are rows enough to fill the
 //    GPU (combine_warp_mode). Both schedules give the same bits (a GPU test compares them).
-// Lanes hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp loads per split). A split marked bad
-// (m = NaN) or holding a NaN score (l = NaN) makes the row NaN; no visible key at all (M = -inf, every l = 0):
-// 0 / -inf.
-// acc += wgt x (one split's o at dims [4 lane + 128 k, +4), k < 4): a chain's step, the same operations in both
-// schedules (their bitwise equality rests on it).
-__device__ __forceinline__ void combine_chain_add(float4 (&acc)[4], float wgt, const float4* src, int lane) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float4 v = src[lane + 32 * k];
-    acc[k].x += wgt * v.x;
-    acc[k].y += wgt * v.y;
-    acc[k].z += wgt * v.z;
-    acc[k].w += wgt * v.w;
-  }
+// Lanes hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp loads per split; a slice holds kQ =
+// 4 / kSlices consecutive k). A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN;
+// no visible key at all (M = -inf, every l = 0): 0 / -inf.
+// acc += wgt x v (one split's o at 4 dims): a chain's step, the same operations in both schedules (their
+// bitwise equality rests on it).
+__device__ __forceinline__ void combine_chain_add(float4& acc, float wgt, const float4 v) {
+  acc.x += wgt * v.x;
+  acc.y += wgt * v.y;
+  acc.z += wgt * v.z;
+  acc.w += wgt * v.w;
 }
 // 4 output dims: the sums times 1 / L, as bf16.
 __device__ __forceinline__ uint2 combine_out_bf16x4(float4 sum, float inv) {
@@ -290,7 +299,8 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
     float4 acc[4] = {};
     float l_sum = 0.0f;
     l_sum += wgt * ls;
-    combine_chain_add(acc, wgt, src, lane);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) combine_chain_add(acc[k], wgt, src[lane + 32 * k]);
     l_all += l_sum;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -305,25 +315,33 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
   for (int k = 0; k < 4; ++k) o[lane + 32 * k] = combine_out_bf16x4(sum[k], inv);
   if (lane == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
 }
-// (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70 without the
-// bound, and 3 CTAs per SM cost the 32k shapes ~2%.)
+// kSlices (1, 2, 4): the CTA schedule's items are (row, 512 / kSlices dims), the launcher's choice
+// (combine_slices). (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70
+// without the bound, and 3 CTAs per SM cost the 32k shapes ~2%.)
+template <int kSlices>
 __global__ void __launch_bounds__(kThreads, 4)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
                                int warp_mode) {
+  static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4, "a slice is whole float4s of every lane");
+  constexpr int kQ = 4 / kSlices;  // float4 per lane per split: lane's dims 4 lane + 128 (slice kQ + k), k < kQ
+  constexpr int kInFlight = kSlices == 4 ? 4 : 2;  // a chain's splits whose loads are in flight together
   __shared__ int s_items[kThreads], s_rows[kThreads];
-  __shared__ float4 s_acc[kWarps][kDimV / 4];  // per-warp partial sums (16 KB)
+  __shared__ float4 s_acc[kWarps][32 * kQ];  // per-warp partial sums of a slice (16 KB / kSlices)
   __shared__ float s_l[kWarps], s_m[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  DDT_PROF_COMB_NS(0);
+  const CombineCounts counts{split_keys, warp_mode != 0, kSlices};
   if (offsets_bad(p)) return;  // the main kernel poisoned every row
-  scan_requests(p, CombineCounts{split_keys, warp_mode != 0}, s_items, s_rows);
+  scan_requests(p, counts, s_items, s_rows);
   // Launched with programmatic dependent launch: the checks and the scan above read only the inputs and run
   // while the main kernel finishes; its partials are read only after this wait.
   pdl_wait();
+  DDT_PROF_COMB_NS(1);
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
   bool probe_warp = false;  // DDTREE_ATTN_COMBINE=probe: a row of this CTA was merged by the warp schedule
   for (int b = blockIdx.x; b < total; b += gridDim.x) {
-    const Item item = locate_item(p, CombineCounts{split_keys, warp_mode != 0}, s_items, s_rows, b);
+    const Item item = locate_item(p, counts, s_items, s_rows, b);
     const Request q = make_request(p, item.r);
     const int64_t n_rows = int64_t(q.nodes) * H;
     const SplitPlan plan = split_plan(q.keys, n_rows, split_keys);  // shape checked: only split requests have items
@@ -335,8 +353,8 @@ __global__ void __launch_bounds__(kThreads, 4)
       probe_warp |= warp_mode == 2;
       continue;
     }
-    static_assert(kCombineRowsPerItem == 1, "the CTA schedule: one row per item");
-    const int64_t i = item.local;                        // request-local row
+    const int64_t i = item.local / kSlices;              // request-local row
+    const int f0 = (item.local % kSlices) * 32 * kQ;      // the slice's first float4 of the row
     const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
     // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
     float m_max = num::kNegInf;
@@ -353,30 +371,65 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w]);
     const int64_t out_row = int64_t(q.first_row) * H + i;
-    uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV);  // 4 bf16 per uint2
+    uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV) + f0;  // 4 bf16 per uint2
     if (bad || m_max == num::kNegInf) {
       const uint16_t v = bad ? num::kBf16QuietNaN : uint16_t(0);
       const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
-      if (tid < kDimV / 4) o[tid] = make_uint2(v2, v2);
-      if (tid == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
+      if (tid < 32 * kQ) o[tid] = make_uint2(v2, v2);
+      if (tid == 0 && f0 == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
       continue;
     }
-    // 2. Warp w: splits w, w + 8, ... in order.
-    float4 acc[4] = {};
+    // 2. Warp w: splits w, w + 8, ... in order, the slice's dims (kInFlight splits' loads in flight).
+    float4 acc[kQ];
+#pragma unroll
+    for (int k = 0; k < kQ; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float l_sum = 0.0f;
+    if constexpr (kSlices == 1) {  // (a row per CTA: the loop of the schedule before the slices, SASS unchanged)
 #pragma unroll 2
-    for (int s = warp; s < plan.splits; s += kWarps) {
-      const int64_t pr = prow + s * n_rows;
-      const float wgt = exp2f(ws_ml[pr * 2] - m_max);
-      l_sum += wgt * ws_ml[pr * 2 + 1];
-      combine_chain_add(acc, wgt, reinterpret_cast<const float4*>(ws_o + pr * kDimV), lane);
+      for (int s = warp; s < plan.splits; s += kWarps) {
+        const int64_t pr = prow + s * n_rows;
+        const float wgt = exp2f(ws_ml[pr * 2] - m_max);
+        l_sum += wgt * ws_ml[pr * 2 + 1];
+        const float4* src = reinterpret_cast<const float4*>(ws_o + pr * kDimV);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) combine_chain_add(acc[k], wgt, src[lane + 32 * k]);
+      }
+    } else {
+      const int64_t step = int64_t(kWarps) * n_rows;  // partial rows from one split of the chain to its next
+      const float2* ml = reinterpret_cast<const float2*>(ws_ml) + prow + warp * n_rows;  // (m, l) of split warp
+      const float4* src = reinterpret_cast<const float4*>(ws_o) + (prow + warp * n_rows) * (kDimV / 4) + f0 + lane;
+      for (int s0 = warp; s0 < plan.splits; s0 += kInFlight * kWarps) {
+        float2 mls[kInFlight];
+        float4 os[kInFlight][kQ];
+#pragma unroll
+        for (int j = 0; j < kInFlight; ++j) {  // (pointers stepped, not j x step: no hoisted 64-bit products)
+          mls[j] = make_float2(0.0f, 0.0f);  // (set on every path: otherwise values carried across iterations spill)
+#pragma unroll
+          for (int k = 0; k < kQ; ++k) os[j][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (s0 + j * kWarps < plan.splits) {
+            mls[j] = *ml;
+#pragma unroll
+            for (int k = 0; k < kQ; ++k) os[j][k] = src[32 * k];
+          }
+          ml += step;
+          src += step * (kDimV / 4);
+        }
+#pragma unroll
+        for (int j = 0; j < kInFlight; ++j)
+          if (s0 + j * kWarps < plan.splits) {
+            const float wgt = exp2f(mls[j].x - m_max);
+            l_sum += wgt * mls[j].y;
+#pragma unroll
+            for (int k = 0; k < kQ; ++k) combine_chain_add(acc[k], wgt, os[j][k]);
+          }
+      }
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) s_acc[warp][lane + 32 * k] = acc[k];
+    for (int k = 0; k < kQ; ++k) s_acc[warp][32 * k + lane] = acc[k];
     if (lane == 0) s_l[warp] = l_sum;
     __syncthreads();
-    // 3. The warp sums in warp order; thread t < 128 finishes dims [4 t, 4 t + 4).
-    if (tid < kDimV / 4) {
+    // 3. The warp sums in warp order; thread t < 32 kQ finishes the slice's float4 t.
+    if (tid < 32 * kQ) {
       float l_all = 0.0f;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -389,10 +442,12 @@ __global__ void __launch_bounds__(kThreads, 4)
         sum.w += v.w;
       }
       o[tid] = combine_out_bf16x4(sum, 1.0f / l_all);
-      if (tid == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
+      if (tid == 0 && f0 == 0)
+        p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
     }
   }
   if (probe_warp && tid == 0) atomicOr(p.status, DDT_DATA_PROBE_COMBINE);
+  DDT_PROF_COMB_NS(2);
 }
 
 // The main-kernel body both flash kernels share, after their shared-memory setup: (1) node_offsets as a whole
@@ -423,12 +478,14 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
     if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
     return;
   }
+  DDT_PROF_CTA(7, true);
 #pragma unroll 1
   for (int64_t round = 0;; ++round) {
     __syncthreads();  // the previous round's items are done with the shared buffers and s_list
     int* s_items = scan_buf;
     int* s_rows = s_items + kThreads;
     scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
+    DDT_PROF_CTA(8, true);
     const int total = s_items[kThreads - 1];
     if (!kJoinOnly && tid < kMaxItemsPerCta) {
       const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
@@ -477,7 +534,7 @@ inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int 
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel<1>, kThreads, 0) != cudaSuccess ||
       occ < 1 || occ2 < 1) {
     (void)cudaGetLastError();
     return {-2, 0, 0, 0};
@@ -523,19 +580,34 @@ inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, con
 }
 
 // The combine's warp_mode: 1 (the warp schedule for requests of <= 8 splits) when the batch's row capacity
-// gives at least two items of 8 rows per SM, else 0 (a CTA per row: with few rows the loads of a row's splits
-// run in parallel; docs/PERF_NOTES.md S19: 512 rows are faster by CTAs, 4,096 by warps). The schedule changes
-// no bit. The row capacity counts padding rows: a graph captured at a large capacity takes the warp schedule
-// for small real batches too (slower there, docs/PERF_NOTES.md S19, not wrong). DDTREE_ATTN_COMBINE=cta / warp
-// forces 0 / 1, =probe is 1 and marks the status word; other values mean the default (read per call: the tests
-// compare both; a captured graph keeps its capture's value).
+// gives at least two items of 8 rows per SM, else 0 (the CTA schedule: with few rows the loads of a row's
+// splits run in parallel; docs/PERF_NOTES.md S19: 512 rows are faster by CTAs, 4,096 by warps). The schedule
+// changes no bit. The row capacity counts padding rows: a graph captured at a large capacity takes the warp
+// schedule for small real batches too (slower there, docs/PERF_NOTES.md S19, not wrong). DDTREE_ATTN_COMBINE=
+// cta / half / quarter force 0 (with 1 / 2 / 4 slices, combine_slices), =warp 1, =probe 1 and marks the status
+// word; other values mean the default (read per call: the tests compare them; a captured graph keeps its
+// capture's value).
 inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms) {
   if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
-    if (std::strcmp(env, "cta") == 0) return 0;
+    if (std::strcmp(env, "cta") == 0 || std::strcmp(env, "half") == 0 || std::strcmp(env, "quarter") == 0) return 0;
     if (std::strcmp(env, "warp") == 0) return 1;
     if (std::strcmp(env, "probe") == 0) return 2;
   }
   return int64_t(p.total_nodes) * p.heads >= int64_t(2 * kWarps) * sms ? 1 : 0;
+}
+// The CTA schedule's slices per row: as many (4, 2, 1) as keep the items of the batch's row capacity within one
+// wave of resident combine CTAs (docs/PERF_NOTES.md S21: at 8-128 rows, 4 slices save 2-17 us per call at
+// batch 1; at 512 rows and more they cost 3-14%: more items, each with its barriers and fewer bytes in flight
+// per load). Changes no bit (a slice's dims see the same operations). DDTREE_ATTN_COMBINE=cta / half / quarter
+// force 1 / 2 / 4.
+inline int combine_slices(const ddt_verify_attn_params& p, int combine_ctas) {
+  if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
+    if (std::strcmp(env, "cta") == 0) return 1;
+    if (std::strcmp(env, "half") == 0) return 2;
+    if (std::strcmp(env, "quarter") == 0) return 4;
+  }
+  const int64_t rows = int64_t(p.total_nodes) * p.heads;
+  return rows * 4 <= combine_ctas ? 4 : rows * 2 <= combine_ctas ? 2 : 1;
 }
 
 // The combine launch after a flash kernel (when the capacities allow a split: some request may split).
@@ -544,10 +616,18 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   if (b.combine_items == 0) return DDT_OK;
   const int64_t grid = b.combine_items < combine_ctas ? b.combine_items : combine_ctas;
   const int warp_mode = combine_warp_mode(p, sms);
+  const int slices = combine_slices(p, combine_ctas);
+  const float* o = ws_o;
+  const float* ml = ws_ml;
+  const dim3 g(unsigned(grid > 0 ? grid : 1));
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
-  DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel, dim3(unsigned(grid > 0 ? grid : 1)), dim3(kThreads), 0, s, p,
-                             split_keys, static_cast<const float*>(ws_o), static_cast<const float*>(ws_ml), warp_mode));
+  if (slices == 4)
+    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<4>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode));
+  else if (slices == 2)
+    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<2>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode));
+  else
+    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<1>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode));
   return DDT_OK;
 }
 

@@ -321,6 +321,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   // (No barrier with the math warps: the stages, the item's geometry and Q are handed over through mbarriers
   // alone, so the next item's geometry, Q and first tiles load while the math warps finish this one.)
   ItemGeom g = item_geom(p, split_keys, item);
+  DDT_PROF_CTA_AT(9, kThreads, true);
   const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
   // The geometry and page check to the math warps first, then Q by TMA (once per item of a good shape) as soon
   // as the previous item is done with the Q region, then the tiles: the math warps get the geometry as early as
@@ -338,6 +339,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
                     int(g.row0 + (narrow ? 0 : g.tile_row0)), pipe.q_full);
   };
   g.bad = item_bad(p, g);
+  DDT_PROF_CTA_AT(10, kThreads, true);
   const int slot = int(empty_phase >> 5) & 1;
   if (pt == 0) {
     mbar_wait(pipe.info_empty + 8u * uint32_t(slot), ((empty_phase >> (2 + slot)) & 1u) ^ 1u);  // first use: passes
@@ -369,6 +371,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
       mbar_expect_tx(bar, uint32_t(kKvBytes));
       if (pipe.tile3d) {
         tma_load_tile3d(dst, pipe.map, int(slot), bar);
+        DDT_PROF_CTA_AT(11, kThreads, true);
       } else {
 #pragma unroll 1
         for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar);
