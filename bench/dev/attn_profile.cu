@@ -144,7 +144,7 @@ int main() {
         verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
                                                                     qmap_wide, qmap_narrow, qtma);
       });
-      const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev.combine_ctas, dev.sms, ws_o, ws_ml, nullptr); });
+      const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev, ws_o, ws_ml, nullptr); });
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });
       std::printf("|   timeline: API %.1f us = main kernel %.1f (grid %u) + combine %.1f (%lld items); empty kernel %.1f |\n",
                   t_api, t_main, grid, t_comb, (long long)b.combine_items, t_empty);

@@ -487,5 +487,5 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   attn::verify_attn_portable_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
                                                                                              ws_ml);
   DDT_CUDA_LAUNCHED();
-  return attn::launch_combine(*p, split_keys, b, dev.combine_ctas, dev.sms, ws_o, ws_ml, s);
+  return attn::launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s);
 }

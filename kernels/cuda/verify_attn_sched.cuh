@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -317,14 +318,15 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
 }
 // kSlices (1, 2, 4): the CTA schedule's items are (row, 512 / kSlices dims), the launcher's choice
 // (combine_slices). (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70
-// without the bound, and 3 CTAs per SM cost the 32k shapes ~2%.)
+// without the bound, and 3 CTAs per SM cost the 32k shapes ~2%. More splits in flight per warp for the sliced
+// schedules need more registers, hence fewer CTAs: docs/PERF_NOTES.md S22, tried and not kept.)
 template <int kSlices>
 __global__ void __launch_bounds__(kThreads, 4)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
                                int warp_mode) {
   static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4, "a slice is whole float4s of every lane");
   constexpr int kQ = 4 / kSlices;  // float4 per lane per split: lane's dims 4 lane + 128 (slice kQ + k), k < kQ
-  constexpr int kInFlight = kSlices == 4 ? 4 : 2;  // a chain's splits whose loads are in flight together
+  constexpr int kInFlight = kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
   __shared__ int s_items[kThreads], s_rows[kThreads];
   __shared__ float4 s_acc[kWarps][32 * kQ];  // per-warp partial sums of a slice (16 KB / kSlices)
   __shared__ float s_l[kWarps], s_m[kWarps];
@@ -523,23 +525,26 @@ struct FlashDeviceInfo {
   int state = 0;         // 0 not asked, 1 ok, -2 a CUDA query or opt-in failed (not cached: asked again),
                          // other negative values: the launcher's own refusals (cached)
   int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
-  int combine_ctas = 0;  // resident combine CTAs
+  int combine_ctas = 0;  // resident combine CTAs (a row per CTA: verify_attn_combine_kernel<1>)
   int sms = 0;           // multiprocessors
+  int combine_ctas2 = 0, combine_ctas4 = 0;  // resident combine CTAs of the 2- and 4-slice instantiations
 };
 // Opts `kernel` in to `smem` bytes of dynamic shared memory and sizes both launches' persistent grids on
 // device `dev`: state 1, or -2 with the CUDA error cleared.
 template <class Kernel>
 inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int dev) {
-  int sms = 0, occ = 0, occ2 = 0;
+  int sms = 0, occ = 0, occ1 = 0, occ2 = 0, occ4 = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel<1>, kThreads, 0) != cudaSuccess ||
-      occ < 1 || occ2 < 1) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ1, verify_attn_combine_kernel<1>, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel<2>, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ4, verify_attn_combine_kernel<4>, kThreads, 0) != cudaSuccess ||
+      occ < 1 || occ1 < 1 || occ2 < 1 || occ4 < 1) {
     (void)cudaGetLastError();
     return {-2, 0, 0, 0};
   }
-  return {1, occ * sms, occ2 * sms, sms};
+  return {1, occ * sms, occ1 * sms, sms, occ2 * sms, occ4 * sms};
 }
 // query(dev) -> FlashDeviceInfo for the current device, cached per device behind a mutex (launches may come
 // from several host threads); one cache per launcher (each passes its own lambda type).
@@ -596,30 +601,32 @@ inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms) {
   return int64_t(p.total_nodes) * p.heads >= int64_t(2 * kWarps) * sms ? 1 : 0;
 }
 // The CTA schedule's slices per row: as many (4, 2, 1) as keep the items of the batch's row capacity within one
-// wave of resident combine CTAs (docs/PERF_NOTES.md S21: at 8-128 rows, 4 slices save 2-17 us per call at
-// batch 1; at 512 rows and more they cost 3-14%: more items, each with its barriers and fewer bytes in flight
-// per load). Changes no bit (a slice's dims see the same operations). DDTREE_ATTN_COMBINE=cta / half / quarter
-// force 1 / 2 / 4.
-inline int combine_slices(const ddt_verify_attn_params& p, int combine_ctas) {
+// wave of that instantiation's resident CTAs (docs/PERF_NOTES.md S21: with few rows the sliced schedules save
+// 2-20 us per call at batch 1; at 512 rows and more, slices cost 3-14%: more items, each with its barriers).
+// Changes no bit (a slice's dims see the same operations). DDTREE_ATTN_COMBINE=cta / half / quarter force
+// 1 / 2 / 4.
+inline int combine_slices(const ddt_verify_attn_params& p, const FlashDeviceInfo& dev) {
   if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
     if (std::strcmp(env, "cta") == 0) return 1;
     if (std::strcmp(env, "half") == 0) return 2;
     if (std::strcmp(env, "quarter") == 0) return 4;
   }
   const int64_t rows = int64_t(p.total_nodes) * p.heads;
-  return rows * 4 <= combine_ctas ? 4 : rows * 2 <= combine_ctas ? 2 : 1;
+  return rows * 4 <= dev.combine_ctas4 ? 4 : rows * 2 <= dev.combine_ctas2 ? 2 : 1;
 }
 
 // The combine launch after a flash kernel (when the capacities allow a split: some request may split).
-inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const Bounds& b, int combine_ctas,
-                          int sms, float* ws_o, float* ws_ml, cudaStream_t s) {
+inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const Bounds& b, const FlashDeviceInfo& dev,
+                          float* ws_o, float* ws_ml, cudaStream_t s) {
   if (b.combine_items == 0) return DDT_OK;
-  const int64_t grid = b.combine_items < combine_ctas ? b.combine_items : combine_ctas;
-  const int warp_mode = combine_warp_mode(p, sms);
-  const int slices = combine_slices(p, combine_ctas);
+  const int warp_mode = combine_warp_mode(p, dev.sms);
+  const int slices = combine_slices(p, dev);
+  const int64_t ctas = slices == 4 ? dev.combine_ctas4 : slices == 2 ? dev.combine_ctas2 : dev.combine_ctas;
+  // (items: at most `slices` per row of the row capacity; fewer with the warp schedule)
+  const int64_t items = std::min<int64_t>(b.combine_items, int64_t(p.total_nodes) * p.heads * slices);
+  const dim3 g(unsigned(std::max<int64_t>(1, std::min<int64_t>(items, ctas))));
   const float* o = ws_o;
   const float* ml = ws_ml;
-  const dim3 g(unsigned(grid > 0 ? grid : 1));
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
   if (slices == 4)

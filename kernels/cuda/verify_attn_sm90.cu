@@ -1201,5 +1201,5 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(
       *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma);
   DDT_CUDA_LAUNCHED();
-  return attn::launch_combine(*p, split_keys, b, dev.combine_ctas, dev.sms, ws_o, ws_ml, s);
+  return attn::launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s);
 }

@@ -662,9 +662,9 @@ TEST(VerifyAttnGpu, Sm90ManyItemsPerCtaMixedPaths) {
 // the launcher picks for few rows; a warp per row for requests of at most 8 splits, which it picks only when
 // the batch has rows enough) give the same bits: the same batch with DDTREE_ATTN_COMBINE=cta, =half, =quarter
 // and =probe (the warp schedule, and DDT_DATA_PROBE_COMBINE in the status word as the evidence that it ran),
-// out and lse compared bitwise, both flash kernels at split 64 (requests of 1 .. 12 splits: both sides of 8) and
-// 512, H 8 and 16, a bad page, and the NaN-score problem (split 64: it has at most 305 keys); each against the
-// twin.
+// out and lse compared bitwise, both flash kernels at split 64 (requests of 1 .. 12 splits: both sides of 8, and
+// one of 275) and 512, H 8 and 16, a bad page, and the NaN-score problem (split 64: it has at most 305 keys);
+// each against the twin.
 TEST(VerifyAttnGpu, CombineSchedulesEqualBitwise) {
   struct Case { const char* name; Problem p; bool splits_at_512; };
   std::vector<Case> cases;
@@ -677,6 +677,9 @@ TEST(VerifyAttnGpu, CombineSchedulesEqualBitwise) {
     const int kNodes[] = {1, 3, 9, 2, 17};
     for (int i = 0; i < 40; ++i)
       reqs.push_back({40 + (i * 173) % 720, kNodes[i % 5], i % 2 ? Shape::kChain : Shape::kBushy});  // S 1 .. 12 at 64
+    // A long decode: 275 splits at 64 (34 at 512), so each warp's chain of the sliced schedules runs more than
+    // one group of 32 splits and several batches of loads.
+    reqs.push_back({17550, 1, Shape::kChain});
     Problem p = make_problem(71 + heads, reqs, o);
     p.page_table[size_t(3) * p.max_pages + 1] = -3;  // request 3 (561 keys: split at 64 and 512): a bad page
     cases.push_back({heads == 8 ? "H 8, bad page" : "H 16 peaked, bad page", p, true});
