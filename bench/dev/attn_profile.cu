@@ -89,12 +89,16 @@ int main() {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    cudaEventRecord(e0);
-    ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
+    auto event_us = [&](auto launch) {  // one launch between two events, us
+      cudaEventRecord(e0);
+      launch();
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      return ms * 1e3f;
+    };
+    const float ms = event_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); }) * 1e-3f;
     static long long prof[4096][16];
     cudaMemcpyFromSymbol(prof, g_attn_profile, sizeof prof);
     long long sum[16] = {};
@@ -128,13 +132,7 @@ int main() {
         std::vector<float> v;
         for (int i = 0; i < 9; ++i) {
           cudaMemsetAsync(flush, i, size_t(256) << 20);
-          cudaEventRecord(e0);
-          launch();
-          cudaEventRecord(e1);
-          cudaEventSynchronize(e1);
-          float t = 0;
-          cudaEventElapsedTime(&t, e0, e1);
-          v.push_back(t * 1e3f);
+          v.push_back(event_us(launch));
         }
         std::sort(v.begin(), v.end());
         return v[4];
@@ -158,12 +156,7 @@ int main() {
         cudaMemcpyToSymbol(g_attn_cta, cta, sizeof cta);
         cudaMemcpyToSymbol(g_attn_comb, comb, sizeof comb);
         cudaMemsetAsync(flush, 7, size_t(256) << 20);
-        cudaEventRecord(e0);
-        ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
+        const float t = event_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); }) * 1e-3f;
         cudaMemcpyFromSymbol(cta, g_attn_cta, sizeof cta);
         cudaMemcpyFromSymbol(comb, g_attn_comb, sizeof comb);
         long long t0 = 0, t_end = 0;
