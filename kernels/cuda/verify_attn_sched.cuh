@@ -134,8 +134,9 @@ struct MainCounts {
     return {rp.s.row_tiles * rp.s.splits, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0};
   }
 };
-// The combine: per split request, `slices` items per row (more than kCombineFewSplits splits: a CTA per (row,
-// 512 / slices dims)) or one per kWarps rows (at most kCombineFewSplits splits: a warp per row).
+// The combine: per split request, one item per kWarps rows when the warp schedule takes it (at most
+// kCombineFewSplits splits and warp_rows: a warp per row), else `slices` items per row (a CTA per (row,
+// 512 / slices dims)).
 // warp_rows: the launch's choice (combine_warp_mode) to use the warp schedule at all.
 __device__ __forceinline__ bool combine_by_warps(bool warp_rows, int splits) {
   return warp_rows && splits <= kCombineFewSplits;
@@ -584,33 +585,38 @@ inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, con
   return DDT_OK;
 }
 
+// DDTREE_ATTN_COMBINE, read per call (the tests compare the schedules; a captured graph keeps its capture's
+// value): cta / half / quarter force the CTA schedule with 1 / 2 / 4 slices, warp the warp schedule, probe the
+// warp schedule with DDT_DATA_PROBE_COMBINE marked; unset or any other value: the defaults below.
+struct CombineForce {
+  int warp_mode = -1;  // -1: default
+  int slices = 0;      // 0: default
+};
+inline CombineForce combine_force() {
+  const char* env = std::getenv("DDTREE_ATTN_COMBINE");
+  if (!env) return {};
+  if (std::strcmp(env, "cta") == 0) return {0, 1};
+  if (std::strcmp(env, "half") == 0) return {0, 2};
+  if (std::strcmp(env, "quarter") == 0) return {0, 4};
+  if (std::strcmp(env, "warp") == 0) return {1, 0};
+  if (std::strcmp(env, "probe") == 0) return {2, 0};
+  return {};
+}
 // The combine's warp_mode: 1 (the warp schedule for requests of <= 8 splits) when the batch's row capacity
 // gives at least two items of 8 rows per SM, else 0 (the CTA schedule: with few rows the loads of a row's
 // splits run in parallel; docs/PERF_NOTES.md S19: 512 rows are faster by CTAs, 4,096 by warps). The schedule
 // changes no bit. The row capacity counts padding rows: a graph captured at a large capacity takes the warp
-// schedule for small real batches too (slower there, docs/PERF_NOTES.md S19, not wrong). DDTREE_ATTN_COMBINE=
-// cta / half / quarter force 0 (with 1 / 2 / 4 slices, combine_slices), =warp 1, =probe 1 and marks the status
-// word; other values mean the default (read per call: the tests compare them; a captured graph keeps its
-// capture's value).
-inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms) {
-  if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
-    if (std::strcmp(env, "cta") == 0 || std::strcmp(env, "half") == 0 || std::strcmp(env, "quarter") == 0) return 0;
-    if (std::strcmp(env, "warp") == 0) return 1;
-    if (std::strcmp(env, "probe") == 0) return 2;
-  }
+// schedule for small real batches too (slower there, docs/PERF_NOTES.md S19, not wrong).
+inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms, const CombineForce& force) {
+  if (force.warp_mode >= 0) return force.warp_mode;
   return int64_t(p.total_nodes) * p.heads >= int64_t(2 * kWarps) * sms ? 1 : 0;
 }
 // The CTA schedule's slices per row: as many (4, 2, 1) as keep the items of the batch's row capacity within one
 // wave of that instantiation's resident CTAs (docs/PERF_NOTES.md S21: with few rows the sliced schedules save
 // 2-20 us per call at batch 1; at 512 rows and more, slices cost 3-14%: more items, each with its barriers).
-// Changes no bit (a slice's dims see the same operations). DDTREE_ATTN_COMBINE=cta / half / quarter force
-// 1 / 2 / 4.
-inline int combine_slices(const ddt_verify_attn_params& p, const FlashDeviceInfo& dev) {
-  if (const char* env = std::getenv("DDTREE_ATTN_COMBINE")) {
-    if (std::strcmp(env, "cta") == 0) return 1;
-    if (std::strcmp(env, "half") == 0) return 2;
-    if (std::strcmp(env, "quarter") == 0) return 4;
-  }
+// Changes no bit (a slice's dims see the same operations).
+inline int combine_slices(const ddt_verify_attn_params& p, const FlashDeviceInfo& dev, const CombineForce& force) {
+  if (force.slices > 0) return force.slices;
   const int64_t rows = int64_t(p.total_nodes) * p.heads;
   return rows * 4 <= dev.combine_ctas4 ? 4 : rows * 2 <= dev.combine_ctas2 ? 2 : 1;
 }
@@ -619,8 +625,9 @@ inline int combine_slices(const ddt_verify_attn_params& p, const FlashDeviceInfo
 inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const Bounds& b, const FlashDeviceInfo& dev,
                           float* ws_o, float* ws_ml, cudaStream_t s) {
   if (b.combine_items == 0) return DDT_OK;
-  const int warp_mode = combine_warp_mode(p, dev.sms);
-  const int slices = combine_slices(p, dev);
+  const CombineForce force = combine_force();
+  const int warp_mode = combine_warp_mode(p, dev.sms, force);
+  const int slices = combine_slices(p, dev, force);
   const int64_t ctas = slices == 4 ? dev.combine_ctas4 : slices == 2 ? dev.combine_ctas2 : dev.combine_ctas;
   // (items: at most `slices` per row of the row capacity; fewer with the warp schedule)
   const int64_t items = std::min<int64_t>(b.combine_items, int64_t(p.total_nodes) * p.heads * slices);
