@@ -8,12 +8,14 @@
 // the portable kernel only.
 //
 // usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] [--contiguous] [--chain]
-//                          [--portable-only] [--sm90-only] [--split-keys N] [--shape P,T,batch]
+//                          [--portable-only] [--sm90-only] [--plan] [--split-keys N] [--shape P,T,batch]
 //   --page N           tokens per KV page (default 64)
 //   --contiguous       physical pages in logical order (default: a random permutation of the pages)
 //   --chain            every tree a chain: the causal case (default: random bushy trees)
 //   --portable-only    skip the oracle
 //   --sm90-only        skip the oracle and the portable kernel (the sm_90a kernel only)
+//   --plan             also time the sm_90a kernel with a per-step plan made beforehand (row sm90-plan; the plan
+//                      kernel's own time in its last cell)
 //   --split-keys N     the flash kernels' split length (portable and sm_90a; default 512; 0: never split)
 //   --shape P,T,batch  that one shape only (for a profiler: ncu -k ... bench_verify_attn --shape 32768,1,1)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
@@ -72,10 +74,34 @@ int portable_kernel(const ddt_verify_attn_params* p, void* stream) {
 int sm90_kernel(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_sm90_with_workspace(p, g_split_keys, stream);
 }
-// The sm_90a row runs only on a compute capability 9.0 GPU (its speedup cell also gives the ratio to the portable
-// kernel in the same run); --sm90-only skips the portable row.
-const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda}, {"portable", portable_kernel}, {"sm90", sm90_kernel}};
-bool g_sm90 = false, g_skip_portable = false;
+// --plan: the sm_90a kernel also with its per-step plan made beforehand (ddt_verify_attn_sm90_plan_cuda once per
+// shape, outside the timed call, as FlashMLA's metadata is; the plan kernel's own time is printed in the row).
+void* g_plan = nullptr;
+size_t g_plan_bytes = 0;
+int sm90_make_plan(const ddt_verify_attn_params* p, void* stream) {
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, g_split_keys, &need)) return rc;
+  if (need > g_plan_bytes) {
+    if (g_plan) GPU_CHECK(cudaFree(g_plan));
+    GPU_CHECK(cudaMalloc(&g_plan, need));
+    g_plan_bytes = need;
+  }
+  return ddt_verify_attn_sm90_plan_cuda(p, g_split_keys, g_plan, g_plan_bytes, stream);
+}
+int sm90_planned_kernel(const ddt_verify_attn_params* p, void* stream) {
+  return ddtree::test::verify_attn_flash_with_workspace(
+      [](const ddt_verify_attn_params* q, int sk, void* ws, size_t ws_bytes, void* st) {
+        return ddt_verify_attn_sm90_planned_cuda(q, sk, g_plan, g_plan_bytes, ws, ws_bytes, st);
+      },
+      p, g_split_keys, stream);
+}
+// The sm_90a rows run only on a compute capability 9.0 GPU (the speedup cell also gives the ratio to the portable
+// kernel in the same run, and for sm90-plan the plan kernel's time); --sm90-only skips the portable row.
+const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda},
+                                 {"portable", portable_kernel},
+                                 {"sm90", sm90_kernel},
+                                 {"sm90-plan", sm90_planned_kernel}};
+bool g_sm90 = false, g_skip_portable = false, g_plan_rows = false;
 
 // Fast host bf16 noise: uniform in [-2, 2) from a xorshift (std::normal_distribution is too slow for
 // the 1.2 GB caches of the large shapes).
@@ -192,7 +218,8 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   double oracle_us = 0, portable_us = 0;
   for (const KernelRow& k : kKernelRows) {
     const bool is_oracle = k.fn == ddt_verify_attn_cuda;
-    if (k.fn == sm90_kernel && !g_sm90) continue;
+    if ((k.fn == sm90_kernel || k.fn == sm90_planned_kernel) && !g_sm90) continue;
+    if (k.fn == sm90_planned_kernel && !g_plan_rows) continue;
     if (k.fn == portable_kernel && g_skip_portable) continue;
     if (is_oracle && max_est_s < 0) continue;  // --portable-only
     if (is_oracle && est_s > max_est_s) {
@@ -200,6 +227,29 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
                   k.name, est_s, max_est_s, roof_us);
       continue;
     }
+    // The timing helper: median of n launches of fn, L2 flushed before each.
+    auto median_us = [&](int (*fn)(const ddt_verify_attn_params*, void*), int n) {
+      cudaEvent_t e0, e1;
+      GPU_CHECK(cudaEventCreate(&e0));
+      GPU_CHECK(cudaEventCreate(&e1));
+      std::vector<float> ms;
+      for (int i = 0; i < n; ++i) {
+        GPU_CHECK(cudaMemsetAsync(flush.ptr, i & 0xFF, flush.n, s));
+        GPU_CHECK(cudaEventRecord(e0, s));
+        BENCH_OK(fn(&prm, s));
+        GPU_CHECK(cudaEventRecord(e1, s));
+        GPU_CHECK(cudaEventSynchronize(e1));
+        float t = 0;
+        GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+      }
+      GPU_CHECK(cudaEventDestroy(e0));
+      GPU_CHECK(cudaEventDestroy(e1));
+      std::sort(ms.begin(), ms.end());
+      return double(ms[ms.size() / 2]) * 1e3;
+    };
+    double plan_us = 0;
+    if (k.fn == sm90_planned_kernel) plan_us = median_us(sm90_make_plan, 9);  // (the last one stays for the rows)
     dst.poison(0);
     dout.poison(0xFF);
     BENCH_OK(k.fn(&prm, s));
@@ -221,34 +271,19 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
     }
     g_wrong += !ok;
     // Time: one launch per sample, L2 flushed before each.
-    cudaEvent_t e0, e1;
-    GPU_CHECK(cudaEventCreate(&e0));
-    GPU_CHECK(cudaEventCreate(&e1));
-    const int n = !is_oracle ? 9 : (est_s > 0.05 ? 3 : (est_s > 0.002 ? 5 : 9));
-    std::vector<float> ms;
-    for (int i = 0; i < n; ++i) {
-      GPU_CHECK(cudaMemsetAsync(flush.ptr, i & 0xFF, flush.n, s));
-      GPU_CHECK(cudaEventRecord(e0, s));
-      BENCH_OK(k.fn(&prm, s));
-      GPU_CHECK(cudaEventRecord(e1, s));
-      GPU_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    GPU_CHECK(cudaEventDestroy(e0));
-    GPU_CHECK(cudaEventDestroy(e1));
-    std::sort(ms.begin(), ms.end());
-    const double us = ms[ms.size() / 2] * 1e3;
+    const double us = median_us(k.fn, !is_oracle ? 9 : (est_s > 0.05 ? 3 : (est_s > 0.002 ? 5 : 9)));
     const double tbs = bytes / (us * 1e-6) / 1e12, tflops = flops / (us * 1e-6) / 1e12, frac = roof_us / us;
     if (is_oracle) oracle_us = us;
     else if (frac < min_fraction) ++g_below_floor;
     if (k.fn == portable_kernel) portable_us = us;
     char speedup[64] = "";
     if (!is_oracle && oracle_us > 0) std::snprintf(speedup, sizeof speedup, "%.1f", oracle_us / us);
-    if (k.fn == sm90_kernel && portable_us > 0)
+    if ((k.fn == sm90_kernel || k.fn == sm90_planned_kernel) && portable_us > 0)
       std::snprintf(speedup + std::strlen(speedup), sizeof speedup - std::strlen(speedup), "%s%.2fx portable",
                     oracle_us > 0 ? " / " : "", portable_us / us);
+    if (k.fn == sm90_planned_kernel)
+      std::snprintf(speedup + std::strlen(speedup), sizeof speedup - std::strlen(speedup), "%splan %.1f us",
+                    speedup[0] ? " / " : "", plan_us);
     std::printf("| %d | %d | %d | %s | %.1f | %.3f | %.1f | %.1f | %.4f | %.3f | %s | %s (worst abs err %.1e) |\n", P, T,
                 batch, k.name, us, tbs, tflops, roof_us, frac, tbs / copy_tbs, speedup, ok ? "yes" : "NO", worst);
     std::fflush(stdout);
@@ -272,6 +307,7 @@ int main(int argc, char** argv) {
     else if (a == "--chain") g_chain = true;
     else if (a == "--portable-only") portable_only = true;
     else if (a == "--sm90-only") portable_only = g_skip_portable = true;
+    else if (a == "--plan") g_plan_rows = true;
     else if (a == "--split-keys" && i + 1 < argc) g_split_keys = std::atoi(argv[++i]);
     else if (a == "--shape" && i + 1 < argc && std::sscanf(argv[i + 1], "%d,%d,%d", &one_P, &one_T, &one_batch) == 3) {
       shape_given = true;
@@ -279,7 +315,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
-                           "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--split-keys N] "
+                           "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--plan] [--split-keys N] "
                            "[--shape P,T,batch]\n");
       return 2;
     }

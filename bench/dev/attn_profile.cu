@@ -139,8 +139,8 @@ int main() {
       };
       const float t_api = time_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); });
       const float t_main = time_us([&] {
-        verify_attn_sm90_kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
-                                                                    qmap_wide, qmap_narrow, qtma);
+        verify_attn_sm90_kernel<false><<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
+                                                                           qmap_wide, qmap_narrow, qtma, nullptr, 0);
       });
       const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev, ws_o, ws_ml, nullptr); });
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });

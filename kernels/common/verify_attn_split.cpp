@@ -1,5 +1,5 @@
-// ddt_verify_attn_portable_workspace (ddtree/kernels.h, section 4): host-only, the same answer with or
-// without the cuda backend (the bounds of kernels/common/verify_attn_split.h).
+// ddt_verify_attn_portable_workspace and ddt_verify_attn_sm90_plan_bytes (ddtree/kernels.h, section 4): host-only,
+// the same answers with or without the cuda backend (the bounds of kernels/common/verify_attn_split.h).
 #include <string>
 
 #include "kernels/common/validate.h"
@@ -21,5 +21,14 @@ extern "C" int ddt_verify_attn_portable_workspace(const ddt_verify_attn_params* 
     return fail(DDT_ERR_SHAPE, "verify_attn_portable_workspace: the capacities need more than 2^31 work items, "
                                "partial rows or combine items");
   *bytes = size_t(b.partial_rows) * size_t(attn::kPartialRowBytes);
+  return DDT_OK;
+}
+
+extern "C" int ddt_verify_attn_sm90_plan_bytes(const ddt_verify_attn_params* p, int split_keys, size_t* bytes) {
+  using namespace ddtree::kern;
+  size_t workspace = 0;  // (the same scalar checks and bounds)
+  if (int rc = ddt_verify_attn_portable_workspace(p, split_keys, &workspace)) return rc;
+  if (!bytes) return fail(DDT_ERR_NULL, "verify_attn_sm90_plan_bytes: bytes is null");
+  *bytes = size_t(attn::plan_bytes(attn::capacity_bounds(*p, split_keys)));
   return DDT_OK;
 }

@@ -72,5 +72,34 @@ inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys) {
 }
 constexpr int64_t kPartialRowBytes = int64_t(DDT_ATTN_DIM_V + 2) * 4;  // f32 o[512] + (m, l)
 
+// ---- the sm_90a kernel's per-step plan (ddt_verify_attn_sm90_plan_cuda) ----
+// Device memory: a PlanHeader, then PlanItem[capacity] in the order the main kernel's scan would produce them
+// (item b goes to CTA b % grid, as in the scan). Made once per speculative step: it depends on batch, heads,
+// split_keys, the capacities and the contents of node_offsets, prefix_lens and page_table, not on q, kv_cache,
+// vis, softmax_scale or the outputs. The header repeats the scalars it was made for, so a planned call with
+// other scalars is caught on the device (every row poisoned, DDT_DATA_BAD_PLAN).
+constexpr int32_t kPlanMagic = 0x4E4C5044;  // "DPLN"
+struct PlanHeader {
+  int32_t magic;        // kPlanMagic once the plan kernel has written it
+  int32_t batch, heads, split_keys, total_nodes, page_size, max_pages, vis_words;
+  int32_t items;        // items listed (<= the capacity the plan buffer holds)
+  int32_t offsets_bad;  // 1: node_offsets is malformed (the call poisons every row, DDT_DATA_BAD_INDEX)
+  int32_t rows_end;     // node_offsets[batch]: rows from here to total_nodes are padding
+  int32_t pad;
+  int64_t num_pages;
+  int64_t pad2;
+};
+static_assert(sizeof(PlanHeader) == 64, "64-byte header: items start 16-byte aligned");
+struct PlanItem {
+  int32_t r, local, partial_base;  // the scan's Item
+  int32_t bad;                     // the request's shape or a page of the item's key range is bad
+  int32_t first_row, nodes, prefix;  // node_offsets[r], N_r, P_r
+  int32_t first_page;              // physical page of the item's first key (bad items, empty ranges: 0)
+};
+static_assert(sizeof(PlanItem) == 32, "32-byte plan items");
+// The plan buffer for these capacities: room for every item the sm_90a kernel can have (the 32-row bound
+// covers its 64-row items).
+inline int64_t plan_bytes(const Bounds& b) { return int64_t(sizeof(PlanHeader)) + b.items * int64_t(sizeof(PlanItem)); }
+
 
 }  // namespace ddtree::kern::attn

@@ -20,4 +20,8 @@ int ddt_accept_cuda(const ddt_accept_params* p, void*) { return absent(p); }
 int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void*) { return absent(p); }
 int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }
 int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }
+int ddt_verify_attn_sm90_plan_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }
+int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int, const void*, size_t, void*, size_t, void*) {
+  return absent(p);
+}
 }

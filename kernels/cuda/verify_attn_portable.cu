@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm.alpha = reinterpret_cast<float*>(smem + kSmemKv + kSmemSp + kSmemP);
   sm.inv_l = sm.alpha + kBM;
   run_flash_items<kBM>(p, split_keys, reinterpret_cast<int*>(sm.sp),
-                       [&](const Item& item) { process_item(p, split_keys, item, sm, ws_o, ws_ml); });
+                       [&](const Item& item, const PlanItem*) { process_item(p, split_keys, item, sm, ws_o, ws_ml); });
 }
 
 // Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident.

@@ -228,6 +228,36 @@ __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
   return __syncthreads_or(bad);
 }
 
+// A plan's header against the call (ddt_verify_attn_sm90_planned_cuda): 0 if usable; DDT_DATA_BAD_PLAN if it was
+// made for other scalars, holds more items than the buffer (capacity) or was never written; DDT_DATA_BAD_INDEX if
+// it found node_offsets malformed. Either way the main kernel poisons every row and the combine does nothing.
+__device__ uint32_t plan_verdict(const ddt_verify_attn_params& p, int split_keys, const PlanHeader& h,
+                                 int64_t capacity) {
+  if (h.magic != kPlanMagic || h.batch != p.batch || h.heads != p.heads || h.split_keys != split_keys ||
+      h.total_nodes != p.total_nodes || h.page_size != p.page_size || h.max_pages != p.max_pages ||
+      h.vis_words != p.vis_words || h.num_pages != p.num_pages || h.items < 0 || h.items > capacity)
+    return DDT_DATA_BAD_PLAN;
+  return h.offsets_bad ? DDT_DATA_BAD_INDEX : 0u;
+}
+// Shared words of a planned call (one array per CTA, as round_items): [0] the header's verdict, [1] its item
+// count, [2] its rows_end.
+__device__ __forceinline__ int* plan_words() {
+  __shared__ int words[3];
+  return words;
+}
+// Thread 0 reads the header and publishes it in plan_words (ends with a barrier).
+__device__ void read_plan_header(const ddt_verify_attn_params& p, int split_keys, const PlanHeader* plan,
+                                 int64_t capacity) {
+  int* w = plan_words();
+  if (threadIdx.x == 0) {
+    const PlanHeader h = *plan;
+    w[0] = int(plan_verdict(p, split_keys, h, capacity));
+    w[1] = h.items;
+    w[2] = h.rows_end;
+  }
+  __syncthreads();
+}
+
 // The combine: for each row of a split request, merge its splits' (m, l, o):
 //   M = max_s m_s; w_s = 2^(m_s - M); L = sum_s w_s l_s; out = (sum_s w_s o_s) x (1 / L); lse = ln(2) M + ln(L).
 // The sums in one fixed order: chain w (w < 8) adds the splits s = w, w + 8, ... in increasing order from 0,
@@ -324,7 +354,7 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
 template <int kSlices>
 __global__ void __launch_bounds__(kThreads, 4)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
-                               int warp_mode) {
+                               int warp_mode, const PlanHeader* plan, int64_t plan_capacity) {
   static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4, "a slice is whole float4s of every lane");
   constexpr int kQ = 4 / kSlices;  // float4 per lane per split: lane's dims 4 lane + 128 (slice kQ + k), k < kQ
   constexpr int kInFlight = kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
@@ -334,7 +364,13 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   DDT_PROF_COMB_NS(0);
   const CombineCounts counts{split_keys, warp_mode != 0, kSlices};
-  if (offsets_bad(p)) return;  // the main kernel poisoned every row
+  // (planned call: the plan kernel finished before the main kernel started, so its header is visible here)
+  if (plan) {
+    read_plan_header(p, split_keys, plan, plan_capacity);
+    if (plan_words()[0] != 0) return;  // the main kernel poisoned every row
+  } else if (offsets_bad(p)) {
+    return;  // the main kernel poisoned every row
+  }
   scan_requests(p, counts, s_items, s_rows);
   // Launched with programmatic dependent launch: the checks and the scan above read only the inputs and run
   // while the main kernel finishes; its partials are read only after this wait.
@@ -458,7 +494,11 @@ __global__ void __launch_bounds__(kThreads, 4)
 // status bit); (2) this CTA's items blockIdx.x + j gridDim.x below the device-side total, in rounds of
 // kMaxItemsPerCta (the scan lives in scan_buf, 2 x kThreads ints that the items overwrite, so each round
 // redoes it and lists its items first; the grid is the resident CTAs or fewer, idle CTAs cost one scan),
-// process(item) for each; (3) padding rows [off[batch], total_nodes) as 0 / -inf, grid-strided.
+// process(item, planned record or null) for each; (3) padding rows [off[batch], total_nodes) as 0 / -inf,
+// grid-strided.
+// kPlanned (the sm_90a kernel's instantiation for planned calls; plan non-null): (1) and the scan come
+// from the plan instead: the header's verdict (read beside the first round's items: one round trip) and the items
+// listed in scan order.
 // The CTA's item list of the current round. One array per CTA whatever run_flash_items is instantiated with
 // (a __shared__ variable inside the template would be one per instantiation: the sm_90a kernel's two roles
 // run two instantiations and must read the same list).
@@ -466,15 +506,22 @@ __device__ __forceinline__ Item* round_items() {
   __shared__ Item s_list[kMaxItemsPerCta];
   return s_list;
 }
+// The planned records of the round's items (the sm_90a producer builds an item's geometry from them), one array
+// per CTA like round_items.
+__device__ __forceinline__ PlanItem* round_plan() {
+  __shared__ PlanItem s_plan[kMaxItemsPerCta];
+  return s_plan;
+}
 // kJoinOnly: threads that neither scan nor locate items (the sm_90a kernel's producer warpgroup: its copy of
 // this code then fits its 40 registers), but read the list and take part in every barrier.
-template <int RowTile, bool kJoinOnly = false, class Process>
-__device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys, int* scan_buf, Process process) {
+template <int RowTile, bool kJoinOnly = false, bool kPlanned = false, class Process>
+__device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys, int* scan_buf, Process process,
+                                const PlanHeader* plan = nullptr, int64_t plan_capacity = 0) {
   Item* s_list = round_items();
   const int tid = threadIdx.x;
   const int H = p.heads;
   DDT_PROF_INIT();
-  if (offsets_bad(p)) {
+  if (!kPlanned && offsets_bad(p)) {  // (planned: the header's verdict, below)
     if (kJoinOnly) return;
     fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
               num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
@@ -485,15 +532,39 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
 #pragma unroll 1
   for (int64_t round = 0;; ++round) {
     __syncthreads();  // the previous round's items are done with the shared buffers and s_list
-    int* s_items = scan_buf;
-    int* s_rows = s_items + kThreads;
-    scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
-    DDT_PROF_CTA(8, true);
-    const int total = s_items[kThreads - 1];
-    if (!kJoinOnly && tid < kMaxItemsPerCta) {
+    if constexpr (kPlanned) {
+      // This round's records (loads issued before the header's verdict is known: one round trip in all).
+      const PlanItem* items = reinterpret_cast<const PlanItem*>(plan + 1);
       const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
-      s_list[tid] =
-          b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+      PlanItem rec{-1, 0, 0, 0, 0, 0, 0, 0};
+      if (!kJoinOnly && tid < kMaxItemsPerCta && b < plan_capacity) rec = items[b];
+      if (round == 0) {
+        read_plan_header(p, split_keys, plan, plan_capacity);
+        if (const uint32_t verdict = uint32_t(plan_words()[0])) {
+          if (kJoinOnly) return;
+          fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
+                    num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
+          if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, verdict);
+          return;
+        }
+        DDT_PROF_CTA(8, true);
+      }
+      if (!kJoinOnly && tid < kMaxItemsPerCta) {
+        const bool in = b < plan_words()[1];
+        s_list[tid] = in ? Item{rec.r, rec.local, rec.partial_base} : Item{-1, 0, 0};
+        round_plan()[tid] = rec;
+      }
+    } else {
+      int* s_items = scan_buf;
+      int* s_rows = s_items + kThreads;
+      scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
+      DDT_PROF_CTA(8, true);
+      const int total = s_items[kThreads - 1];
+      if (!kJoinOnly && tid < kMaxItemsPerCta) {
+        const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
+        s_list[tid] =
+            b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+      }
     }
     __syncthreads();
     if (s_list[0].r < 0) break;  // uniform: no item left for this CTA
@@ -501,7 +572,9 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
     for (int k = 0; k < kMaxItemsPerCta; ++k) {
       const Item item = s_list[k];
       if (item.r < 0) break;
-      process(item);
+      const PlanItem* rec = nullptr;
+      if constexpr (kPlanned) rec = round_plan() + k;
+      process(item, rec);
     }
     // A list that did not fill (its items are blockIdx.x + j gridDim.x in increasing j) was this CTA's last:
     // leave without another scan (uniform: items never write s_list; every role reads the same entry). The
@@ -513,9 +586,9 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
     }
   }
   if (!kJoinOnly) {
-    const int64_t begin = (p.batch > 0 ? int64_t(p.node_offsets[p.batch]) : 0) * H;
-    fill_rows(p, begin + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps, 0,
-              num::kNegInf);
+    const int64_t rows_end = kPlanned ? plan_words()[2] : p.batch > 0 ? p.node_offsets[p.batch] : 0;
+    fill_rows(p, rows_end * H + int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H,
+              int64_t(gridDim.x) * kWarps, 0, num::kNegInf);
   }
   DDT_PROF_FLUSH();
 }
@@ -622,8 +695,11 @@ inline int combine_slices(const ddt_verify_attn_params& p, const FlashDeviceInfo
 }
 
 // The combine launch after a flash kernel (when the capacities allow a split: some request may split).
+// plan / plan_capacity: a planned call's plan (the combine then takes the plan's verdict instead of checking
+// node_offsets itself), else null / 0.
 inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const Bounds& b, const FlashDeviceInfo& dev,
-                          float* ws_o, float* ws_ml, cudaStream_t s) {
+                          float* ws_o, float* ws_ml, cudaStream_t s, const PlanHeader* plan = nullptr,
+                          int64_t plan_capacity = 0) {
   if (b.combine_items == 0) return DDT_OK;
   const CombineForce force = combine_force();
   const int warp_mode = combine_warp_mode(p, dev.sms, force);
@@ -637,11 +713,14 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
   if (slices == 4)
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<4>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode));
+    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<4>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
+                                     plan, plan_capacity));
   else if (slices == 2)
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<2>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode));
+    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<2>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
+                                     plan, plan_capacity));
   else
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<1>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode));
+    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<1>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
+                                     plan, plan_capacity));
   return DDT_OK;
 }
 

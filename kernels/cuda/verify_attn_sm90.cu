@@ -250,9 +250,10 @@ struct ItemGeom {
   int64_t prow0;              // workspace row of the tile's row 0 (split only)
   int64_t kb, ke, ntiles;     // key range and its 64-key tiles
 };
-__device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, const Item item) {
+// q: the item's request (make_request, or a planned record's copy of it).
+__device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, const Item item, const Request& q) {
   ItemGeom g;
-  g.q = make_request(p, item.r);
+  g.q = q;
   const int64_t n_rows = int64_t(g.q.nodes) * p.heads;
   g.n_rows = n_rows;
   g.shape_ok = request_shape_ok(p, g.q);
@@ -267,6 +268,17 @@ __device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, c
   g.ke = g.is_split ? min(g.q.keys, g.kb + split_keys) : g.q.keys;
   g.ntiles = (g.ke - g.kb + kKeys - 1) / kKeys;
   return g;
+}
+// The request of a planned record (no global reads: the plan kernel copied node_offsets and prefix_lens).
+__device__ __forceinline__ Request planned_request(const ddt_verify_attn_params& p, const PlanItem& rec) {
+  Request q;
+  q.r = rec.r;
+  q.first_row = rec.first_row;
+  q.nodes = rec.nodes;
+  q.prefix = rec.prefix;
+  q.keys = q.prefix + q.nodes;
+  q.pages = q.keys > 0 ? (q.keys + p.page_size - 1) / p.page_size : 0;
+  return q;
 }
 // Is the request's shape or a page of the key range bad? The producer warpgroup decides it (an OR over its
 // threads, each checking a strided share of the pages, through barrier 2) and publishes it with the geometry.
@@ -315,12 +327,14 @@ struct Pipe {
 // (page_size and the range start are multiples of 64: a tile's 64 keys lie in one page; rows past ke are
 // zeroed by the math warps after the copy lands). cp.async: 2 threads per key row, 36 16-byte chunks each,
 // slots past the range zero-filled, completion tracked per thread on full[b] (cp.async.mbarrier.arrive).
-__device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, uint32_t sbase,
-                             const Pipe& pipe, uint32_t& empty_phase) {
+// rec: the item's planned record (a planned call: the geometry from it without global reads, its page check
+// verdict, the first tile's page for the TMA path), else null.
+__device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const PlanItem* rec,
+                             uint32_t sbase, const Pipe& pipe, uint32_t& empty_phase) {
 #if DDT_SM90_BODY
   // (No barrier with the math warps: the stages, the item's geometry and Q are handed over through mbarriers
   // alone, so the next item's geometry, Q and first tiles load while the math warps finish this one.)
-  ItemGeom g = item_geom(p, split_keys, item);
+  ItemGeom g = item_geom(p, split_keys, item, rec ? planned_request(p, *rec) : make_request(p, item.r));
   DDT_PROF_CTA_AT(9, kThreads, true);
   const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
   // The geometry and page check to the math warps first, then Q by TMA (once per item of a good shape) as soon
@@ -338,7 +352,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     tma_load_tile3d(sbase + uint32_t(narrow ? kOffNQ : kOffQ), narrow ? pipe.qmap_narrow : pipe.qmap_wide,
                     int(g.row0 + (narrow ? 0 : g.tile_row0)), pipe.q_full);
   };
-  g.bad = item_bad(p, g);
+  g.bad = rec ? rec->bad != 0 : item_bad(p, g);  // (uniform over the producer: item_bad has a role barrier)
   DDT_PROF_CTA_AT(10, kThreads, true);
   const int slot = int(empty_phase >> 5) & 1;
   if (pt == 0) {
@@ -362,7 +376,9 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     const bool in = j < g.ke;
     const int64_t lpage = j / p.page_size;
     // (an entry past the range may be anything: clamp the lookup, use page 0 for slots not loaded)
-    const int32_t page = p.page_table[table_row + (lpage < g.q.pages ? lpage : g.q.pages - 1)];
+    // (a planned TMA item's first tile: the page from its record; the plan kernel read the same entry)
+    const int32_t page = rec && pipe.tma && kt == 0 ? rec->first_page
+                                                    : p.page_table[table_row + (lpage < g.q.pages ? lpage : g.q.pages - 1)];
     const int64_t slot = (in ? int64_t(page) : 0) * p.page_size + (j - lpage * p.page_size);
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
@@ -1001,15 +1017,20 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // One CTA per SM: math warpgroups 0 and 1 (threads 0 .. 255: S, softmax, PV, epilogue) and the producer
 // warpgroup 2 (threads 256 .. 383: the KV copies). Registers: 168 per thread at launch; the producer gives
 // back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
+// kPlanned: the instantiation of planned calls (plan non-null); the unplanned one compiles without the plan's code.
+template <bool kPlanned>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
                             const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_mode,
                             const __grid_constant__ CUtensorMap q_map_wide,
-                            const __grid_constant__ CUtensorMap q_map_narrow, int use_qtma) {
+                            const __grid_constant__ CUtensorMap q_map_narrow, int use_qtma,
+                            const PlanHeader* plan, int64_t plan_capacity) {
   // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile);
   // use_qtma: 1 = the Q maps are valid (encode_q_maps), Q loads by the producer's TMA; 0 = cp.async;
   // narrow_mode: 1 = requests of at most 16 rows take process_narrow, 0 = off (DDTREE_SM90_NARROW=0), 2 = on and
   // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
+  // plan: null (each CTA checks node_offsets and scans the requests) or a plan of plan_capacity items
+  // (ddt_verify_attn_sm90_planned_cuda)
 #if DDT_SM90_BODY
   pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
   DDT_PROF_CTA(0, false);
@@ -1046,21 +1067,83 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     setmaxnreg_dec<40>();
     uint32_t empty_phase = 0;
     const uint32_t sbase = smem_u32(base);
-    run_flash_items<kRows, true>(p, split_keys, scan_buf, [&](const Item& item) {
-      produce_item(p, split_keys, item, sbase, pipe, empty_phase);
-      __syncwarp();  // warp 8 converged again (on the TMA path lane 0 alone ran the tiles) before any barrier
-    });
+    run_flash_items<kRows, true, kPlanned>(
+        p, split_keys, scan_buf,
+        [&](const Item& item, const PlanItem* rec) {
+          produce_item(p, split_keys, item, rec, sbase, pipe, empty_phase);
+          __syncwarp();  // warp 8 converged again (on the TMA path lane 0 alone ran the tiles) before any barrier
+        },
+        plan, plan_capacity);
   } else {
     setmaxnreg_inc<232>();
     uint32_t full_phase = 0;
-    run_flash_items<kRows>(p, split_keys, scan_buf, [&](const Item& item) {
-      process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
-      DDT_PROF_CTA(3, false);
-    });
+    run_flash_items<kRows, false, kPlanned>(
+        p, split_keys, scan_buf,
+        [&](const Item& item, const PlanItem*) {
+          process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
+          DDT_PROF_CTA(3, false);
+        },
+        plan, plan_capacity);
     DDT_PROF_CTA(4, false);
     DDT_PROF_CTA_NS(6);
   }
 #endif
+}
+
+// The per-step plan (ddt_verify_attn_sm90_plan_cuda): what every CTA of an unplanned call works out before its
+// first copy, done once. Each CTA checks node_offsets and scans the requests as the main kernel does (the scan
+// is per CTA, O(batch)); item b (grid-strided over threads) gets its record: the scan's Item, the request's
+// scalars, the page check over its key range (item_bad's, one thread) and the first tile's page. CTA 0 writes
+// the header last among its own writes; the main kernel reads the plan only after this kernel has finished.
+// (Any architecture: no sm_90a instruction.)
+__global__ void __launch_bounds__(kThreads)
+    verify_attn_sm90_plan_kernel(ddt_verify_attn_params p, int split_keys, PlanHeader* plan, int64_t capacity) {
+  __shared__ int s_items[kThreads], s_rows[kThreads];
+  PlanItem* items = reinterpret_cast<PlanItem*>(plan + 1);
+  const bool offsets_malformed = offsets_bad(p);
+  int total = 0;
+  if (!offsets_malformed) {
+    scan_requests(p, MainCounts<kRows>{split_keys}, s_items, s_rows);
+    total = s_items[kThreads - 1];
+    for (int64_t b = int64_t(blockIdx.x) * kThreads + threadIdx.x; b < total && b < capacity;
+         b += int64_t(gridDim.x) * kThreads) {
+      const Item item = locate_item(p, MainCounts<kRows>{split_keys}, s_items, s_rows, int(b));
+      const ItemGeom g = item_geom(p, split_keys, item, make_request(p, item.r));
+      bool bad = !g.shape_ok;
+      if (!bad && g.ke > g.kb) {
+        const int64_t pg0 = g.kb / p.page_size, pg1 = (g.ke + p.page_size - 1) / p.page_size;
+        for (int64_t k = pg0; k < pg1; ++k) bad |= !page_ok(p, g.q, k);  // (no early exit: loads in flight)
+      }
+      PlanItem rec;
+      rec.r = item.r;
+      rec.local = item.local;
+      rec.partial_base = item.partial_base;
+      rec.bad = bad ? 1 : 0;
+      rec.first_row = g.q.first_row;
+      rec.nodes = g.q.nodes;
+      rec.prefix = int32_t(g.q.prefix);
+      rec.first_page = !bad && g.ke > g.kb ? int32_t(page_entry(p, g.q, g.kb / p.page_size)) : 0;
+      items[b] = rec;
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    PlanHeader h{};
+    h.magic = kPlanMagic;
+    h.batch = p.batch;
+    h.heads = p.heads;
+    h.split_keys = split_keys;
+    h.total_nodes = p.total_nodes;
+    h.page_size = p.page_size;
+    h.max_pages = p.max_pages;
+    h.vis_words = p.vis_words;
+    // (total > capacity cannot happen for a plan sized by ddt_verify_attn_sm90_plan_bytes; if it did, the items
+    // count is left past the capacity and the planned call refuses the plan: DDT_DATA_BAD_PLAN)
+    h.items = total;
+    h.offsets_bad = offsets_malformed ? 1 : 0;
+    h.rows_end = offsets_malformed ? 0 : (p.batch > 0 ? p.node_offsets[p.batch] : 0);
+    h.num_pages = p.num_pages;
+    *plan = h;
+  }
 }
 
 // Per device, once: compute capability 9.0, a body in the loaded image, the dynamic shared-memory opt-in and
@@ -1078,12 +1161,18 @@ FlashDeviceInfo device_info() {
     // The body exists only in sm_90a code (DDT_SM90_BODY); an image built for plain 90 loads an empty kernel
     // on this device. The body's static shared memory (red, the mbarriers, the item list) tells them apart.
     cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel<false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return {-2, 0, 0};
     }
     if (fa.sharedSizeBytes == 0) return {-3, 0, 0};
-    return resident_grids(verify_attn_sm90_kernel, kCtaThreads, kSmemBytes, dev);
+    // (both instantiations opt in to the dynamic shared memory; they have the same resources)
+    if (cudaFuncSetAttribute(verify_attn_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return {-2, 0, 0};
+    }
+    return resident_grids(verify_attn_sm90_kernel<false>, kCtaThreads, kSmemBytes, dev);
   });
 }
 
@@ -1163,11 +1252,10 @@ int encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
 }  // namespace
 }  // namespace ddtree::kern::attn
 
-extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
-                                         size_t workspace_bytes, void* stream) {
-  using namespace ddtree::kern;
-  if (int rc = attn::check_flash_call(p, split_keys, workspace, workspace_bytes, "verify_attn_sm90")) return rc;
-  const attn::FlashDeviceInfo dev = attn::device_info();
+namespace ddtree::kern::attn {
+namespace {
+// The device checks both entry points share: a compute capability 9.0 GPU with the kernel's sm_90a body.
+int check_sm90_device(const FlashDeviceInfo& dev) {
   if (dev.state == -1)
     return fail(DDT_ERR_ARCH, "verify_attn_sm90: needs a compute capability 9.0 GPU (H100 / H200); use the "
                               "portable kernel on other GPUs");
@@ -1177,19 +1265,37 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   if (dev.state != 1)
     return fail(DDT_ERR_CUDA, "verify_attn_sm90: cannot query the device or opt in to 226 KB of dynamic shared "
                               "memory");
+  return DDT_OK;
+}
+// A plan argument: non-null, 16-byte aligned, at least ddt_verify_attn_sm90_plan_bytes; its item capacity.
+int check_plan(const ddt_verify_attn_params* p, int split_keys, const void* plan, size_t plan_bytes, const char* who,
+               int64_t* capacity) {
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
+  const std::string name = who;
+  if (!plan) return fail(DDT_ERR_NULL, name + ": plan is null (ddt_verify_attn_sm90_plan_bytes: " + std::to_string(need) + " bytes)");
+  if (reinterpret_cast<uintptr_t>(plan) % 16 != 0) return fail(DDT_ERR_ALIGN, name + ": plan must be 16-byte aligned");
+  if (plan_bytes < need)
+    return fail(DDT_ERR_SHAPE, name + ": plan_bytes " + std::to_string(plan_bytes) + " < " + std::to_string(need) +
+                                   " needed for these capacities");
+  *capacity = int64_t((plan_bytes - sizeof(PlanHeader)) / sizeof(PlanItem));
+  return DDT_OK;
+}
+// Both main-kernel entry points after their checks: plan null (unplanned) or checked.
+int launch_sm90(const ddt_verify_attn_params* p, int split_keys, const PlanHeader* plan, int64_t plan_capacity,
+                void* workspace, cudaStream_t s, const FlashDeviceInfo& dev) {
   if (p->total_nodes == 0) return DDT_OK;
-  const attn::Bounds b = attn::capacity_bounds(*p, split_keys);  // items bound of 32-row tiles: >= 64-row items
+  const Bounds b = capacity_bounds(*p, split_keys);  // items bound of 32-row tiles: >= 64-row items
   int64_t grid = std::min<int64_t>(b.items, dev.main_ctas);
   if (grid < 1) grid = 1;  // padding rows only
   float* ws_o = static_cast<float*>(workspace);
-  float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  float* ws_ml = ws_o + b.partial_rows * kDimV;
   // TMA when every tile's 64 keys lie in one page: page_size and split_keys multiples of 64 (tiles start at
   // multiples of 64), and row coordinates within int32.
   CUtensorMap map{};
   const int tma = p->page_size % 64 == 0 && split_keys % 64 == 0 &&
                           int64_t(p->num_pages) * p->page_size <= int64_t(INT32_MAX)
-                      ? attn::encode_kv_map(&map, *p)
+                      ? encode_kv_map(&map, *p)
                       : 0;
   // The narrow path (process_narrow) unless DDTREE_SM90_NARROW=0; =probe also marks the status word (read per
   // call: the tests compare both paths; a captured CUDA graph keeps the value of its capture).
@@ -1197,9 +1303,55 @@ extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int sp
   const int narrow = !narrow_env ? 1 : std::strcmp(narrow_env, "0") == 0 ? 0 : std::strcmp(narrow_env, "probe") == 0 ? 2 : 1;
   // Q by the producer's TMA when the q maps encode (DDTREE_SM90_QTMA=0: the math warps' cp.async).
   CUtensorMap qmap_wide{}, qmap_narrow{};
-  const int qtma = attn::encode_q_maps(&qmap_wide, &qmap_narrow, *p);
-  attn::verify_attn_sm90_kernel<<<unsigned(grid), attn::kCtaThreads, attn::kSmemBytes, s>>>(
-      *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma);
+  const int qtma = encode_q_maps(&qmap_wide, &qmap_narrow, *p);
+  if (plan)
+    verify_attn_sm90_kernel<true><<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(
+        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, plan, plan_capacity);
+  else
+    verify_attn_sm90_kernel<false><<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(
+        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, nullptr, 0);
   DDT_CUDA_LAUNCHED();
-  return attn::launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s);
+  return launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s, plan, plan_capacity);
+}
+}  // namespace
+}  // namespace ddtree::kern::attn
+
+extern "C" int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
+                                         size_t workspace_bytes, void* stream) {
+  using namespace ddtree::kern;
+  if (int rc = attn::check_flash_call(p, split_keys, workspace, workspace_bytes, "verify_attn_sm90")) return rc;
+  const attn::FlashDeviceInfo dev = attn::device_info();
+  if (int rc = attn::check_sm90_device(dev)) return rc;
+  return attn::launch_sm90(p, split_keys, nullptr, 0, workspace, static_cast<cudaStream_t>(stream), dev);
+}
+
+extern "C" int ddt_verify_attn_sm90_plan_cuda(const ddt_verify_attn_params* p, int split_keys, void* plan,
+                                              size_t plan_bytes, void* stream) {
+  using namespace ddtree::kern;
+  clear_error();
+  if (int rc = validate(p)) return rc;
+  int64_t capacity = 0;
+  if (int rc = attn::check_plan(p, split_keys, plan, plan_bytes, "verify_attn_sm90_plan", &capacity)) return rc;
+  const attn::FlashDeviceInfo dev = attn::device_info();
+  if (int rc = attn::check_sm90_device(dev)) return rc;
+  // One CTA per 256 items of the bound, at most one wave (each CTA repeats the O(batch) check and scan).
+  const int64_t items = attn::capacity_bounds(*p, split_keys).items;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + attn::kThreads - 1) / attn::kThreads, dev.sms));
+  attn::verify_attn_sm90_plan_kernel<<<unsigned(grid), attn::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      *p, split_keys, static_cast<attn::PlanHeader*>(plan), capacity);
+  DDT_CUDA_LAUNCHED();
+  return DDT_OK;
+}
+
+extern "C" int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int split_keys, const void* plan,
+                                                 size_t plan_bytes, void* workspace, size_t workspace_bytes,
+                                                 void* stream) {
+  using namespace ddtree::kern;
+  if (int rc = attn::check_flash_call(p, split_keys, workspace, workspace_bytes, "verify_attn_sm90_planned")) return rc;
+  int64_t capacity = 0;
+  if (int rc = attn::check_plan(p, split_keys, plan, plan_bytes, "verify_attn_sm90_planned", &capacity)) return rc;
+  const attn::FlashDeviceInfo dev = attn::device_info();
+  if (int rc = attn::check_sm90_device(dev)) return rc;
+  return attn::launch_sm90(p, split_keys, static_cast<const attn::PlanHeader*>(plan), capacity, workspace,
+                           static_cast<cudaStream_t>(stream), dev);
 }

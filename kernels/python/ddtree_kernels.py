@@ -113,6 +113,12 @@ def lib():
         for name in ("portable", "sm90"):
             getattr(_lib, f"ddt_verify_attn_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                                                       ctypes.c_size_t, ctypes.c_void_p]
+        _lib.ddt_verify_attn_sm90_plan_bytes.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
+        _lib.ddt_verify_attn_sm90_plan_cuda.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                                                        ctypes.c_void_p]
+        _lib.ddt_verify_attn_sm90_planned_cuda.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                                           ctypes.c_void_p]
     return _lib
 
 
@@ -363,11 +369,13 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
     DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
     status array is OR-ed into and returned. kernel (CUDA tensors only): "oracle" (the simple reference kernel) or
-    "portable" (the mma.sync flash kernel) or "sm90" (the wgmma flash kernel, compute capability 9.0 only); the
-    flash kernels' workspace is allocated here with torch on the tensors' device; split_keys: their split
-    length, 0 = never split, else a multiple of 32: keep one value per deployment, see kernels.h)."""
-    if kernel not in ("oracle", "portable", "sm90"):
-        raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable' or 'sm90', got {kernel!r}")
+    "portable" (the mma.sync flash kernel) or "sm90" (the wgmma flash kernel, compute capability 9.0 only) or
+    "sm90-plan" (the same with its per-step plan made right before the call: ddt_verify_attn_sm90_plan_cuda, then
+    ddt_verify_attn_sm90_planned_cuda; bitwise the "sm90" result); the flash kernels' workspace (and plan) is
+    allocated here with torch on the tensors' device; split_keys: their split length, 0 = never split, else a
+    multiple of 32: keep one value per deployment, see kernels.h)."""
+    if kernel not in ("oracle", "portable", "sm90", "sm90-plan"):
+        raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable', 'sm90' or 'sm90-plan', got {kernel!r}")
     if kernel != "oracle" and not _is_cuda(q):
         raise ValueError(f"verify_attn: kernel={kernel!r} runs on CUDA tensors only")
     if len(q.shape) != 3 or q.shape[2] != ATTN_DIM_QK:
@@ -409,8 +417,23 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
         ws = torch.empty(max(int(need.value), 16), dtype=torch.uint8, device=ref.device)  # fresh: 256-byte aligned
         with torch.cuda.device(ref.device):
             stream = torch.cuda.current_stream(ref.device).cuda_stream
-            fn = getattr(L, f"ddt_verify_attn_{kernel}_cuda")
-            rc = fn(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()), need.value, ctypes.c_void_p(stream))
+            if kernel == "sm90-plan":
+                plan_need = ctypes.c_size_t(0)
+                rc = L.ddt_verify_attn_sm90_plan_bytes(ctypes.byref(p), int(split_keys), ctypes.byref(plan_need))
+                if rc == 0:
+                    plan = torch.empty(int(plan_need.value), dtype=torch.uint8, device=ref.device)
+                    rc = L.ddt_verify_attn_sm90_plan_cuda(ctypes.byref(p), int(split_keys),
+                                                          ctypes.c_void_p(plan.data_ptr()), plan_need.value,
+                                                          ctypes.c_void_p(stream))
+                if rc == 0:
+                    rc = L.ddt_verify_attn_sm90_planned_cuda(ctypes.byref(p), int(split_keys),
+                                                             ctypes.c_void_p(plan.data_ptr()), plan_need.value,
+                                                             ctypes.c_void_p(ws.data_ptr()), need.value,
+                                                             ctypes.c_void_p(stream))
+            else:
+                fn = getattr(L, f"ddt_verify_attn_{kernel}_cuda")
+                rc = fn(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()), need.value,
+                        ctypes.c_void_p(stream))
         if rc != 0:
             raise DDTreeError(rc, f"ddt_verify_attn_{kernel}: {L.ddt_status_string(rc).decode()}: "
                                   f"{L.ddt_last_error_message().decode()}")

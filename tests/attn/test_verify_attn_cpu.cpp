@@ -405,6 +405,11 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
     if (S == 0) {
       ASSERT_EQ(bytes, 0u);
     }
+    // The sm_90a plan: a 64-byte header and a 32-byte record per item of the bound (>= the 64-row items).
+    size_t plan = 0;
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&p, S, &plan), DDT_OK);
+    ASSERT_EQ(plan, 64 + size_t(b.items) * 32);
+    ASSERT_GE(int64_t(plan), 64 + items64 * 32) << "trial " << trial;
   }
   // A chain node and its single-node decode: the same cut points over their common keys (rule E).
   for (int S : {32, 512, 1024}) {
@@ -430,6 +435,12 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
   bad.heads = 1;
   EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, 48, &bytes), DDT_ERR_SHAPE);
   EXPECT_EQ(ddt_verify_attn_portable_workspace(&bad, 512, &bytes), DDT_OK);
+  // The plan's size: the same checks.
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_bytes(&bad, 512, nullptr), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_bytes(&bad, 48, &bytes), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_bytes(&huge, 512, &bytes), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_bytes(&bad, 512, &bytes), DDT_OK);
+  EXPECT_EQ(bytes, 64u + 32u);  // batch 1, no rows: the bound's one item (a tile per request, one split)
 }
 
 }  // namespace

@@ -30,10 +30,11 @@ if grep -q "warpgroup.wait is injected" "$log"; then
   echo "FAIL: ptxas injected a wgmma wait into the sm_90a kernel"
   status=1
 fi
-# The attention kernel's entry (the combine kernel in the same file spills nothing).
-line=$(grep -A2 "verify_attn_sm90_kernel" "$log" | grep "bytes spill stores" | head -n 1 || true)
-stores=$(echo "$line" | grep -o "[0-9]* bytes spill stores" | grep -o "^[0-9]*" || true)
-loads=$(echo "$line" | grep -o "[0-9]* bytes spill loads" | grep -o "^[0-9]*" || true)
+# The attention kernel's entries (both instantiations: unplanned and planned calls; the larger of their numbers;
+# the combine and plan kernels in the same file spill nothing).
+props=$(grep -A2 "Function properties for .*verify_attn_sm90_kernel" "$log" || true)
+stores=$(echo "$props" | grep -o "[0-9]* bytes spill stores" | grep -o "^[0-9]*" | sort -n | tail -n 1 || true)
+loads=$(echo "$props" | grep -o "[0-9]* bytes spill loads" | grep -o "^[0-9]*" | sort -n | tail -n 1 || true)
 if [ -z "$stores" ] || [ -z "$loads" ]; then
   cat "$log"
   echo "FAIL: no ptxas resource line for verify_attn_sm90_kernel"
@@ -47,7 +48,7 @@ fi
 # Static shared memory: the kernel's dynamic 230,400 bytes (kSmemBytes) + static must stay within the 227 KB
 # (232,448 B) a CTA may have, i.e. static <= 2,048 (kSmemStaticBound); past it the launcher's shared-memory
 # opt-in fails at run time, so catch it here.
-smem=$(grep -A3 "verify_attn_sm90_kernel" "$log" | grep -o "[0-9]* bytes smem" | head -n 1 | grep -o "^[0-9]*" || true)
+smem=$(echo "$props" | grep -o "[0-9]* bytes smem" | grep -o "^[0-9]*" | sort -n | tail -n 1 || true)
 max_static=2048
 echo "verify_attn_sm90_kernel: ${smem:-?} bytes of static shared memory (bound $max_static)"
 if [ -z "$smem" ] || [ "$smem" -gt "$max_static" ]; then

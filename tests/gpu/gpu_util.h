@@ -70,6 +70,27 @@ inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, 
 inline int verify_attn_sm90_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
   return verify_attn_flash_with_workspace(ddt_verify_attn_sm90_cuda, p, split_keys, stream);
 }
+// The sm_90a kernel with a plan made right before it on the same stream (ddt_verify_attn_sm90_plan_cuda, then
+// ddt_verify_attn_sm90_planned_cuda): one process-wide plan buffer, grown as needed, 0xFF-filled when allocated
+// (an unwritten header is refused), never cleared between calls.
+inline int verify_attn_sm90_planned_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
+  static void* plan = nullptr;
+  static size_t cap = 0;
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
+  if (need > cap) {
+    if (plan) GPU_CHECK(cudaFree(plan));
+    GPU_CHECK(cudaMalloc(&plan, need));
+    GPU_CHECK(cudaMemset(plan, 0xFF, need));
+    cap = need;
+  }
+  if (int rc = ddt_verify_attn_sm90_plan_cuda(p, split_keys, plan, cap, stream)) return rc;
+  return verify_attn_flash_with_workspace(
+      [](const ddt_verify_attn_params* q, int s, void* ws, size_t ws_bytes, void* st) {
+        return ddt_verify_attn_sm90_planned_cuda(q, s, plan, cap, ws, ws_bytes, st);
+      },
+      p, split_keys, stream);
+}
 // Whether the current GPU runs the sm_90a kernel (compute capability 9.0).
 inline bool gpu_is_sm90() {
   int dev = 0, major = 0, minor = 0;

@@ -86,6 +86,11 @@ template <int kSplitKeys>
 int sm90(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_sm90_with_workspace(p, kSplitKeys, stream);
 }
+// The same with a plan made right before the call (ddt_verify_attn_sm90_plan_cuda + _planned_cuda).
+template <int kSplitKeys>
+int sm90_planned(const ddt_verify_attn_params* p, void* stream) {
+  return ddtree::test::verify_attn_sm90_planned_with_workspace(p, kSplitKeys, stream);
+}
 // Every kernel the GPU runs; the sm_90a ones are left out, with a printed note, off compute capability 9.0
 // (and Sm90KernelOnThisGpu reports that as a skip).
 const std::vector<Kernel>& kernels_under_test() {
@@ -96,6 +101,9 @@ const std::vector<Kernel>& kernels_under_test() {
       v.push_back({"sm90-s64", sm90<64>, Tol{}});
       v.push_back({"sm90-s96", sm90<96>, Tol{}});
       v.push_back({"sm90-s0", sm90<0>, Tol{}});
+      v.push_back({"sm90-plan", sm90_planned<512>, Tol{}});
+      v.push_back({"sm90-p96", sm90_planned<96>, Tol{}});
+      v.push_back({"sm90-p0", sm90_planned<0>, Tol{}});
     } else {
       std::printf("  (not compute capability 9.0: the sm_90a kernel is not in the kernel lists)\n");
     }
@@ -762,6 +770,103 @@ TEST(VerifyAttnGpu, PortableWorkspaceContract) {
 
 // The sm_90a kernel: in every kernel list above on a compute capability 9.0 GPU; elsewhere it must refuse
 // with DDT_ERR_ARCH (and this test reports the skip).
+// The planned call is the unplanned one, bitwise (out, lse, status), on every sweep case, at every split length
+// of the kernel lists, with bad pages and malformed node_offsets too (the plan carries their verdicts).
+TEST(VerifyAttnGpu, Sm90PlannedEqualsUnplannedBitwise) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  std::vector<Problem> problems;
+  for (const Case& c : sweep()) problems.push_back(make_problem(c.seed, c.reqs, opts(c)));
+  {
+    Problem bad_page = make_problem(31, {{1000, 9, Shape::kBushy}, {700, 3, Shape::kChain}});
+    bad_page.page_table[bad_page.max_pages + 5] = int32_t(bad_page.num_pages);  // request 1, its page 5
+    problems.push_back(bad_page);
+    Problem bad_offsets = make_problem(32, {{100, 9, Shape::kBushy}, {70, 3, Shape::kChain}});
+    bad_offsets.offsets[1] = bad_offsets.offsets[2] + 1;  // not monotone
+    problems.push_back(bad_offsets);
+  }
+  const std::pair<KernelFn, KernelFn> pairs[] = {{sm90<512>, sm90_planned<512>}, {sm90<64>, sm90_planned<64>},
+                                                 {sm90<96>, sm90_planned<96>}, {sm90<0>, sm90_planned<0>}};
+  const int splits[] = {512, 64, 96, 0};
+  for (size_t i = 0; i < problems.size(); ++i) {
+    for (int k = 0; k < 4; ++k) {
+      SCOPED_TRACE("problem " + std::to_string(i) + ", split_keys " + std::to_string(splits[k]));
+      const Result a = run_gpu(problems[i], pairs[k].first), b = run_gpu(problems[i], pairs[k].second);
+      EXPECT_EQ(a.status, b.status);
+      EXPECT_EQ(rows_differing(a, b), 0);
+    }
+  }
+  std::printf("  planned == unplanned bitwise: %zu problems x 4 split lengths\n", problems.size());
+}
+
+// A plan made for other scalars (here: other heads, another batch), or never written, is refused on the device:
+// every row NaN, DDT_DATA_BAD_PLAN, no fault; the same plan with the right scalars works afterwards.
+TEST(VerifyAttnGpu, Sm90PlanForOtherParamsPoisonsEveryRow) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  const Problem p = make_problem(33, {{900, 9, Shape::kBushy}, {40, 2, Shape::kChain}});
+  DevProblem d(p);
+  auto prm = d.params(p);
+  size_t plan_bytes = 0, ws_bytes = 0;
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, 512, &ws_bytes), DDT_OK);
+  auto other = prm;
+  other.heads = prm.heads / 2;  // (a plan for fewer heads fits the same buffer)
+  size_t need512 = 0;
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&prm, 512, &need512), DDT_OK);
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&prm, 64, &plan_bytes), DDT_OK);  // (the larger: more items)
+  ASSERT_GE(plan_bytes, need512);
+  ddtree::test::DevBuf<unsigned char> plan(plan_bytes), ws(ws_bytes + 16);
+  auto all_nan = [&](const Result& r) {
+    size_t n = 0;
+    for (float l : r.lse) n += std::isnan(l);
+    for (uint16_t o : r.out) n += std::isnan(bf16_f32(o));
+    return n == r.lse.size() + r.out.size();
+  };
+  // Never written: an all-zero header.
+  GPU_CHECK(cudaMemset(plan.ptr, 0, plan_bytes));
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  Result r = d.result();
+  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
+  EXPECT_TRUE(all_nan(r));
+  // Made for other heads, then for another batch.
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&other, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  r = d.result();
+  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
+  EXPECT_TRUE(all_nan(r));
+  other = prm;
+  other.batch = 1;
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&other, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  r = d.result();
+  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
+  EXPECT_TRUE(all_nan(r));
+  // Made for a different split length than the call's.
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 64, plan.ptr, plan_bytes, nullptr), DDT_OK);
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  r = d.result();
+  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
+  // The right plan: the unplanned call's result.
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  r = d.result();
+  const Result u = run_gpu(p, sm90<512>);
+  EXPECT_EQ(r.status, 0u);
+  EXPECT_EQ(rows_differing(r, u), 0);
+  // Host-visible plan errors.
+  EXPECT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, nullptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr + 8, plan_bytes - 8, ws.ptr, ws_bytes, nullptr),
+            DDT_ERR_ALIGN);
+  EXPECT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, need512 - 1, ws.ptr, ws_bytes, nullptr),
+            DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 512, plan.ptr, need512 - 32, nullptr), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 48, plan.ptr, plan_bytes, nullptr), DDT_ERR_SHAPE);
+  GPU_CHECK(cudaDeviceSynchronize());
+}
+
 TEST(VerifyAttnGpu, Sm90KernelOnThisGpu) {
   const Problem p = make_problem(6, {{70, 9, Shape::kBushy}});
   DevProblem d(p);

@@ -195,7 +195,8 @@ CASES = [  # (seed, reqs, heads, page_size, extra_rows)
 
 @pytest.mark.parametrize("backend", BACKENDS + [
     pytest.param("cuda-portable", marks=pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch")),
-    pytest.param("cuda-sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
+    pytest.param("cuda-sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU")),
+    pytest.param("cuda-sm90-plan", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
 @pytest.mark.parametrize("seed,reqs,heads,page,extra", CASES)
 def test_verify_attn_against_float64_reference(backend, seed, reqs, heads, page, extra):
     pb = make_problem(seed, reqs, heads, page, extra)
@@ -277,7 +278,8 @@ def reference_torch(pb, dev="cuda"):
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch")
 @pytest.mark.parametrize("kernel", ["oracle", "portable", pytest.param(
-    "sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
+    "sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU")), pytest.param(
+    "sm90-plan", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
 @pytest.mark.parametrize("reqs,heads,page", [
     ([(4096, 64, "bushy"), (2047, 8, "chain")], 8, 64),
     ([(32768, 16, "deep"), (32767, 1, "chain"), (12345, 65, "star")], 8, 64),

@@ -48,6 +48,8 @@ typedef enum ddt_status {
 /* ---- data status word bits (OR-ed into *status by kernels) ---- */
 #define DDT_DATA_NAN_LOGIT 0x1u   /* a NaN logit / log-prob (treated as -inf) or, in top-K, a +inf logit (lse = +inf) */
 #define DDT_DATA_BAD_INDEX 0x2u   /* malformed tree (node count out of range) or an empty key: that request is skipped */
+#define DDT_DATA_BAD_PLAN 0x4u    /* verify attention: the plan passed to ddt_verify_attn_sm90_planned_cuda was made for other
+                                     scalars (batch, heads, split_keys, capacities) or never written: every row poisoned */
 #define DDT_DATA_PROBE_NARROW 0x100u /* test hook, set only with DDTREE_SM90_NARROW=probe in the environment: an item
                                         of ddt_verify_attn_sm90_cuda took the narrow path (requests of <= 16 rows) */
 #define DDT_DATA_PROBE_COMBINE 0x200u /* test hook, set only with DDTREE_ATTN_COMBINE=probe in the environment: the
@@ -297,6 +299,25 @@ int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int split_key
  * holds no sm_90a code (built for plain 90). */
 int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, void* workspace,
                               size_t workspace_bytes, void* stream);
+/* The sm_90a kernel with its schedule made beforehand, once per speculative step (FlashMLA's metadata, FlashInfer's
+ * plan / run): the node_offsets check, the scan over the requests and every item's page check, which
+ * ddt_verify_attn_sm90_cuda runs at the start of every call, depend only on batch, heads, split_keys, the
+ * capacities (total_nodes, page_size, max_pages, num_pages, vis_words) and the contents of node_offsets,
+ * prefix_lens and page_table, which stay the same for every layer of a step. ddt_verify_attn_sm90_plan_cuda
+ * (one small kernel) writes them to `plan`; ddt_verify_attn_sm90_planned_cuda then starts each CTA from one read
+ * of it. Results, status bits and the workspace are those of ddt_verify_attn_sm90_cuda, bitwise. The plan must be
+ * made again when any of the above changes (q, kv_cache, vis, softmax_scale, out, lse and status may change
+ * freely); a plan made for other scalars, or not yet written, poisons every row and sets DDT_DATA_BAD_PLAN.
+ * plan: device memory of at least ddt_verify_attn_sm90_plan_bytes(p, split_keys) bytes (host only, no GPU
+ * needed; sized by capacities like the workspace), 16-byte aligned; no initialisation needed. No host sync, no
+ * allocation, CUDA-graph safe (capture the plan with the step's first layer, or separately). Errors: as
+ * ddt_verify_attn_sm90_cuda, plus DDT_ERR_NULL / DDT_ERR_ALIGN / DDT_ERR_SHAPE for a missing, misaligned or
+ * too small plan. */
+int ddt_verify_attn_sm90_plan_bytes(const ddt_verify_attn_params* p, int split_keys, size_t* bytes);
+int ddt_verify_attn_sm90_plan_cuda(const ddt_verify_attn_params* p, int split_keys, void* plan, size_t plan_bytes,
+                                   void* stream);
+int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int split_keys, const void* plan,
+                                      size_t plan_bytes, void* workspace, size_t workspace_bytes, void* stream);
 
 /* bf16 <-> f32 (the conversions both backends use; round to nearest even, NaN stays a quiet NaN). */
 uint16_t ddt_f32_to_bf16(float x);
