@@ -364,13 +364,13 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   DDT_PROF_COMB_NS(0);
   const CombineCounts counts{split_keys, warp_mode != 0, kSlices};
-  // (planned call: the plan kernel finished before the main kernel started, so its header is visible here)
+  // (planned call: the plan kernel finished before the main kernel started, so its header is visible here.
+  // node_offsets is checked in any case: the scan below reads it, and a stale plan must not make it trusted.)
   if (plan) {
     read_plan_header(p, split_keys, plan, plan_capacity);
     if (plan_words()[0] != 0) return;  // the main kernel poisoned every row
-  } else if (offsets_bad(p)) {
-    return;  // the main kernel poisoned every row
   }
+  if (offsets_bad(p)) return;  // the main kernel poisoned every row (or, with a stale plan, left them undefined)
   scan_requests(p, counts, s_items, s_rows);
   // Launched with programmatic dependent launch: the checks and the scan above read only the inputs and run
   // while the main kernel finishes; its partials are read only after this wait.

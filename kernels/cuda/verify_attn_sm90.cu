@@ -377,8 +377,11 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     const int64_t lpage = j / p.page_size;
     // (an entry past the range may be anything: clamp the lookup, use page 0 for slots not loaded)
     // (a planned TMA item's first tile: the page from its record; the plan kernel read the same entry)
-    const int32_t page = rec && pipe.tma && kt == 0 ? rec->first_page
-                                                    : p.page_table[table_row + (lpage < g.q.pages ? lpage : g.q.pages - 1)];
+    int32_t page = rec && pipe.tma && kt == 0 ? rec->first_page
+                                              : p.page_table[table_row + (lpage < g.q.pages ? lpage : g.q.pages - 1)];
+    // A planned item's pages were checked when the plan was made; a page table changed since (a stale plan:
+    // undefined results) must still not send a copy out of the cache. (Unplanned: checked above, rec null.)
+    if (rec && (page < 0 || int64_t(page) >= p.num_pages)) page = 0;
     const int64_t slot = (in ? int64_t(page) : 0) * p.page_size + (j - lpage * p.page_size);
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
@@ -1042,7 +1045,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const Pipe pipe{&kv_map,         &q_map_wide,      &q_map_narrow,    info,          smem_u32(bars),
                   smem_u32(bars + 2), smem_u32(bars + 4), smem_u32(bars + 6), smem_u32(bars + 8),
                   smem_u32(bars + 9), use_tma != 0,    use_tma == 2,     use_qtma != 0};
-  if (threadIdx.x == 0) {  // made visible to all threads by offsets_bad's barrier
+  if (threadIdx.x == 0) {  // made visible to all threads by run_flash_items' first barrier
     narrow_mode_slot() = narrow_mode;
     mbar_init(pipe.full, pipe.tma ? 1 : 128);
     mbar_init(pipe.full + 8, pipe.tma ? 1 : 128);

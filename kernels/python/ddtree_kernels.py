@@ -435,7 +435,8 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
                 rc = fn(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()), need.value,
                         ctypes.c_void_p(stream))
         if rc != 0:
-            raise DDTreeError(rc, f"ddt_verify_attn_{kernel}: {L.ddt_status_string(rc).decode()}: "
+            who = "ddt_verify_attn_sm90_plan / _planned" if kernel == "sm90-plan" else f"ddt_verify_attn_{kernel}"
+            raise DDTreeError(rc, f"{who}: {L.ddt_status_string(rc).decode()}: "
                                   f"{L.ddt_last_error_message().decode()}")
         return out, lse, st
     _call("verify_attn", p, ref)

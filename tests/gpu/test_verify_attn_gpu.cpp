@@ -848,6 +848,7 @@ TEST(VerifyAttnGpu, Sm90PlanForOtherParamsPoisonsEveryRow) {
   ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
   r = d.result();
   EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
+  EXPECT_TRUE(all_nan(r));
   // The right plan: the unplanned call's result.
   ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
   d.poison_outputs();
@@ -865,6 +866,93 @@ TEST(VerifyAttnGpu, Sm90PlanForOtherParamsPoisonsEveryRow) {
   EXPECT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 512, plan.ptr, need512 - 32, nullptr), DDT_ERR_SHAPE);
   EXPECT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 48, plan.ptr, plan_bytes, nullptr), DDT_ERR_SHAPE);
   GPU_CHECK(cudaDeviceSynchronize());
+}
+
+// One plan, several layers: q, kv_cache, vis and softmax_scale change between the calls (a step's layers),
+// node_offsets, prefix_lens and page_table do not. Each planned call equals the unplanned call on the same
+// inputs, bitwise; the plan buffer starts 0xFF-filled, so it holds only what this plan kernel wrote.
+TEST(VerifyAttnGpu, Sm90PlanReusedAcrossLayers) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  const std::vector<ReqSpec> reqs = {{1500, 9, Shape::kBushy}, {40, 1, Shape::kChain}, {3000, 70, Shape::kRandom}};
+  for (int split : {512, 96}) {
+    SCOPED_TRACE("split_keys " + std::to_string(split));
+    Options o;
+    o.heads = 8;
+    o.page_size = split == 96 ? 16 : 64;  // (96: the cp.async path)
+    o.poison = false;  // (each layer's cache is laid out for its own page table; without NaN slots the rows stay finite)
+    const Problem p0 = make_problem(41, reqs, o);
+    DevProblem d(p0);
+    auto prm = d.params(p0);
+    size_t plan_bytes = 0, ws_bytes = 0;
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&prm, split, &plan_bytes), DDT_OK);
+    ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, split, &ws_bytes), DDT_OK);
+    ddtree::test::DevBuf<unsigned char> plan(plan_bytes), ws(ws_bytes + 16);
+    GPU_CHECK(cudaMemset(plan.ptr, 0xFF, plan_bytes));
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, split, plan.ptr, plan_bytes, nullptr), DDT_OK);
+    for (int layer = 0; layer < 3; ++layer) {
+      SCOPED_TRACE("layer " + std::to_string(layer));
+      Problem pl = make_problem(100 + layer, reqs, o);  // other q, kv and trees; same sizes
+      pl.page_table = p0.page_table;
+      pl.prefix = p0.prefix;
+      pl.offsets = p0.offsets;
+      d.q.upload(pl.q);
+      d.kv.upload(pl.kv);
+      d.vis.upload(pl.vis);
+      auto lp = prm;
+      lp.softmax_scale = prm.softmax_scale * (1.0f + 0.25f * layer);
+      d.poison_outputs();
+      ASSERT_EQ(ddtree::test::verify_attn_sm90_with_workspace(&lp, split, nullptr), DDT_OK);
+      const Result u = d.result();
+      d.poison_outputs();
+      ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&lp, split, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+      const Result r = d.result();
+      EXPECT_EQ(u.status, 0u);
+      EXPECT_EQ(r.status, u.status);
+      EXPECT_EQ(rows_differing(r, u), 0);
+      size_t nan = 0;
+      for (float l : r.lse) nan += std::isnan(l);
+      EXPECT_EQ(nan, 0u);
+    }
+  }
+}
+
+// A stale plan (the same scalars, other node_offsets / page_table contents than when it was made) gives undefined
+// results but no fault: a page entry far out of the cache after planning (cp.async path, page size 32, split 96)
+// and node_offsets changed to other well-formed values. The call must return and the device stay healthy.
+TEST(VerifyAttnGpu, Sm90StalePlanNeverFaults) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  Options o;
+  o.heads = 8;
+  o.page_size = 32;
+  Problem p = make_problem(43, {{700, 4, Shape::kChain}, {300, 4, Shape::kBushy}}, o);
+  DevProblem d(p);
+  auto prm = d.params(p);
+  size_t plan_bytes = 0;
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&prm, 96, &plan_bytes), DDT_OK);
+  ddtree::test::DevBuf<unsigned char> plan(plan_bytes);
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 96, plan.ptr, plan_bytes, nullptr), DDT_OK);
+  for (int32_t& e : p.page_table) e = e >= 0 && e < p.num_pages ? int32_t(1 << 24) : e;  // every used entry
+  p.offsets[1] = p.offsets[2] - 1;  // well formed, other rows per request
+  d.pt.upload(p.page_table);
+  d.offsets.upload(p.offsets);
+  d.poison_outputs();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(ddt_verify_attn_portable_workspace(&prm, 96, &ws_bytes), DDT_OK);
+  ddtree::test::DevBuf<unsigned char> ws(ws_bytes + 16);
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 96, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  // The device still works: a fresh plan over the changed inputs gives the unplanned result.
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 96, plan.ptr, plan_bytes, nullptr), DDT_OK);
+  d.poison_outputs();
+  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 96, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+  const Result r = d.result();
+  d.poison_outputs();
+  ASSERT_EQ(ddtree::test::verify_attn_sm90_with_workspace(&prm, 96, nullptr), DDT_OK);
+  const Result u = d.result();
+  EXPECT_EQ(r.status, u.status);
+  EXPECT_NE(u.status & DDT_DATA_BAD_INDEX, 0u);  // the out-of-range pages are seen by both
+  EXPECT_EQ(rows_differing(r, u), 0);
 }
 
 TEST(VerifyAttnGpu, Sm90KernelOnThisGpu) {

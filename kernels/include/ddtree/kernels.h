@@ -307,7 +307,9 @@ int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, v
  * (one small kernel) writes them to `plan`; ddt_verify_attn_sm90_planned_cuda then starts each CTA from one read
  * of it. Results, status bits and the workspace are those of ddt_verify_attn_sm90_cuda, bitwise. The plan must be
  * made again when any of the above changes (q, kv_cache, vis, softmax_scale, out, lse and status may change
- * freely); a plan made for other scalars, or not yet written, poisons every row and sets DDT_DATA_BAD_PLAN.
+ * freely); a plan made for other scalars, or not yet written, poisons every row and sets DDT_DATA_BAD_PLAN
+ * (total_nodes = 0: nothing is launched); a stale plan (the same scalars, other node_offsets, prefix_lens or
+ * page_table contents than when it was made) gives undefined results but never an access outside the buffers.
  * plan: device memory of at least ddt_verify_attn_sm90_plan_bytes(p, split_keys) bytes (host only, no GPU
  * needed; sized by capacities like the workspace), 16-byte aligned; no initialisation needed. No host sync, no
  * allocation, CUDA-graph safe (capture the plan with the step's first layer, or separately). Errors: as
