@@ -146,7 +146,7 @@ int main() {
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });
       std::printf("|   timeline: API %.1f us = main kernel %.1f (grid %u) + combine %.1f (%lld items); empty kernel %.1f |\n",
                   t_api, t_main, grid, t_comb, (long long)b.combine_items, t_empty);
-      {  // Per-CTA timeline of one main-kernel launch after an L2 flush (g_attn_cta, CTAs that ran an item):
+      auto timeline = [&](const char* label, auto call) {  // Per-CTA timeline of one main-kernel launch after an L2 flush (g_attn_cta, CTAs that ran an item):
          // median / max over those CTAs of each phase, in us (clock64 at 1.98 GHz; start skew and span from
          // globaltimer, ns).
         // (One API call: the main kernel and the combine under PDL, both stamped.)
@@ -156,7 +156,7 @@ int main() {
         cudaMemcpyToSymbol(g_attn_cta, cta, sizeof cta);
         cudaMemcpyToSymbol(g_attn_comb, comb, sizeof comb);
         cudaMemsetAsync(flush, 7, size_t(256) << 20);
-        const float t = event_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); }) * 1e-3f;
+        const float t = event_us([&] { call(); }) * 1e-3f;
         cudaMemcpyFromSymbol(cta, g_attn_cta, sizeof cta);
         cudaMemcpyFromSymbol(comb, g_attn_comb, sizeof comb);
         long long t0 = 0, t_end = 0;
@@ -186,9 +186,9 @@ int main() {
           for (int k = 0; k < 7; ++k)
             if (cta[c][st_slot[k]] != 0) st[k].push_back((cta[c][st_slot[k]] - cta[c][0]) / 1980.0);
         }
-        std::printf("|   startup (us after entry, median / max): offsets checked %s, scan done %s, math first item %s; "
+        std::printf("|   %s startup (us after entry, median / max): offsets checked %s, scan done %s, math first item %s; "
                     "producer: geometry %s, page check %s, first KV copy issued %s; first tile landed %s |\n",
-                    med_max(st[0]).c_str(), med_max(st[1]).c_str(), med_max(st[2]).c_str(), med_max(st[3]).c_str(),
+                    label, med_max(st[0]).c_str(), med_max(st[1]).c_str(), med_max(st[2]).c_str(), med_max(st[3]).c_str(),
                     med_max(st[4]).c_str(), med_max(st[5]).c_str(), med_max(st[6]).c_str());
         // The combine after the main kernel (globaltimer ns, relative to the main kernel's first entry).
         long long c_in = 0, c_w0 = 0, c_w1 = 0, c_out = 0;
@@ -204,17 +204,30 @@ int main() {
           c_out = std::max(c_out, comb[c][2]);
         }
         if (c_n > 0)
-          std::printf("|   call timeline (us after the main kernel's first entry): main last exit %.1f; combine (%d CTAs) "
+          std::printf("|   %s call timeline (us after the main kernel's first entry): main last exit %.1f; combine (%d CTAs) "
                       "first entry %.1f, past pdl_wait %.1f .. %.1f, last exit %.1f; event time %.1f |\n",
-                      (t_end - t0) * 1e-3, c_n, (c_in - t0) * 1e-3, (c_w0 - t0) * 1e-3, (c_w1 - t0) * 1e-3,
+                      label, (t_end - t0) * 1e-3, c_n, (c_in - t0) * 1e-3, (c_w0 - t0) * 1e-3, (c_w1 - t0) * 1e-3,
                       (c_out - t0) * 1e-3, t * 1e3);
         const size_t working = col[0].size();
-        std::printf("|   CTA timeline (%zu CTAs with items of %u; us, median / max): start skew %s, entry -> first item %s, "
+        std::printf("|   %s CTA timeline (%zu CTAs with items of %u; us, median / max): start skew %s, entry -> first item %s, "
                     "-> first tile landed %s, -> last item done %s, -> exit %s; exit %s after the first entry; span "
                     "%.1f us; event time %.1f us |\n",
-                    working, grid, med_max(col[0]).c_str(), med_max(col[1]).c_str(), med_max(col[2]).c_str(),
+                    label, working, grid, med_max(col[0]).c_str(), med_max(col[1]).c_str(), med_max(col[2]).c_str(),
                     med_max(col[3]).c_str(), med_max(col[4]).c_str(), med_max(col[5]).c_str(), (t_end - t0) * 1e-3,
                     t * 1e3);
+      };
+      timeline("unplanned", [&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); });
+      {  // The planned call (ddt_verify_attn_sm90_planned_cuda) with the step's plan made beforehand.
+        size_t plan_bytes = 0;
+        ddt_verify_attn_sm90_plan_bytes(&prm, split_keys, &plan_bytes);
+        void* plan = nullptr;
+        cudaMalloc(&plan, plan_bytes);
+        ddt_verify_attn_sm90_plan_cuda(&prm, split_keys, plan, plan_bytes, nullptr);
+        const float t_planned = time_us(
+            [&] { ddt_verify_attn_sm90_planned_cuda(&prm, split_keys, plan, plan_bytes, ws, ws_bytes, nullptr); });
+        std::printf("|   planned API call %.1f us |\n", t_planned);
+        timeline("planned", [&] { ddt_verify_attn_sm90_planned_cuda(&prm, split_keys, plan, plan_bytes, ws, ws_bytes, nullptr); });
+        cudaFree(plan);
       }
       cudaFree(flush);
     }
