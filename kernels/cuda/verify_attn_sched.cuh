@@ -88,19 +88,6 @@ __device__ __forceinline__ long long globaltimer_ns() {
 #define DDT_PROF_COUNT(slot) do {} while (0)
 #endif
 
-// ---- cp.async (sm_80+), used by both flash kernels and the combine's staged schedule ----
-// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading src.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-template <int kPending>  // until at most kPending of this thread's committed groups are in flight
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
-
 constexpr int kWarps = 8;              // both flash kernels and the combine run 256-thread CTAs
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -364,26 +351,11 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
 // (combine_slices). (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70
 // without the bound, and 3 CTAs per SM cost the 32k shapes ~2%. More splits in flight per warp for the sliced
 // schedules need more registers, hence fewer CTAs: docs/PERF_NOTES.md S22, tried and not kept.)
-// kStages > 0 (with kSlices = 4 only): the staged variant for batches of few rows (combine_staged): each item's
-// chains read the slice's o and (m, l) from a ring of kStages stages of kStagedSplits splits in dynamic shared
-// memory (kStagedBytes), filled by cp.async, the item's first stages issued before its first pass over (m, l), so
-// up to kStages x kStagedSplits splits' loads are in flight per CTA without holding registers; the warps add
-// them in the chains' order with the chains' operations (the bits do not change). 2 CTAs per SM.
-constexpr int kStagedSplits = 64;  // splits per stage (a multiple of kWarps: a warp's splits stay in order)
-constexpr int kStagedStages = 3;
-constexpr int kStagedStageBytes = kStagedSplits * (32 * 16 + 8);  // o: 32 float4 per split, then (m, l)
-constexpr int kStagedBytes = kStagedStages * kStagedStageBytes;   // 99,840
-// warp_mode: 0 the CTA schedule, 1 the warp schedule for requests of <= kCombineFewSplits splits, 2 the same and
-// DDT_DATA_PROBE_COMBINE set by a warp-merged row, 3 the CTA schedule and DDT_DATA_PROBE_COMBINE set by a staged
-// item (the tests' evidence that the schedule they force ran).
-__device__ __forceinline__ bool combine_warp_rows(int warp_mode) { return warp_mode == 1 || warp_mode == 2; }
-template <int kSlices, int kStages = 0>
-__global__ void __launch_bounds__(kThreads, kStages > 0 ? 2 : 4)
+template <int kSlices>
+__global__ void __launch_bounds__(kThreads, 4)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
                                int warp_mode, const PlanHeader* plan, int64_t plan_capacity) {
   static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4, "a slice is whole float4s of every lane");
-  static_assert(kStages == 0 || kSlices == 4, "the staged variant stages 4-slice items (one float4 per lane)");
-  static_assert(kStagedSplits % kWarps == 0, "a stage holds whole rounds of the 8 chains");
   constexpr int kQ = 4 / kSlices;  // float4 per lane per split: lane's dims 4 lane + 128 (slice kQ + k), k < kQ
   constexpr int kInFlight = kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
   __shared__ int s_items[kThreads], s_rows[kThreads];
@@ -391,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, kStages > 0 ? 2 : 4)
   __shared__ float s_l[kWarps], s_m[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   DDT_PROF_COMB_NS(0);
-  const CombineCounts counts{split_keys, combine_warp_rows(warp_mode), kSlices};
+  const CombineCounts counts{split_keys, warp_mode != 0, kSlices};
   // (planned call: the plan kernel finished before the main kernel started, so its header is visible here.
   // node_offsets is checked in any case: the scan below reads it, and a stale plan must not make it trusted.)
   if (plan) {
@@ -412,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, kStages > 0 ? 2 : 4)
     const Request q = make_request(p, item.r);
     const int64_t n_rows = int64_t(q.nodes) * H;
     const SplitPlan plan = split_plan(q.keys, n_rows, split_keys);  // shape checked: only split requests have items
-    if (combine_by_warps(combine_warp_rows(warp_mode), plan.splits)) {  // (uniform over the CTA: an item's rows share the request)
+    if (combine_by_warps(warp_mode != 0, plan.splits)) {  // (uniform over the CTA: an item's rows share the request)
       const int64_t i = int64_t(item.local) * kWarps + warp;  // request-local row of this warp
       if (i < n_rows)
         combine_row_warp(p, ws_o, ws_ml, int64_t(item.partial_base) + i, n_rows, plan.splits,
@@ -423,31 +395,6 @@ __global__ void __launch_bounds__(kThreads, kStages > 0 ? 2 : 4)
     const int64_t i = item.local / kSlices;              // request-local row
     const int f0 = (item.local % kSlices) * 32 * kQ;      // the slice's first float4 of the row
     const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
-    // Staged: stage the item's chunk c of kStagedSplits splits into stage c % kStages (one commit group per chunk,
-    // empty past the last split, so every thread's group count stays uniform); the first kStages now, before the
-    // first pass. (The previous item's readers of the stages are past its epilogue barrier.)
-    extern __shared__ __align__(16) unsigned char staged_smem[];
-    const uint32_t staged_base = uint32_t(__cvta_generic_to_shared(staged_smem));
-    auto stage_chunk = [&](int c) {
-      if constexpr (kStages > 0) {
-        const uint32_t st = staged_base + uint32_t((c % kStages) * kStagedStageBytes);
-#pragma unroll
-        for (int k = 0; k < kStagedSplits * 32 / kThreads; ++k) {
-          const int idx = tid + k * kThreads, sl = idx >> 5, part = idx & 31;  // split sl of the chunk, float4 part
-          const int64_t s = int64_t(c) * kStagedSplits + sl;
-          if (s < plan.splits)
-            cp_async16(st + uint32_t(idx * 16), ws_o + (prow + s * n_rows) * kDimV + (f0 + part) * 4, 16);
-        }
-        if (tid < kStagedSplits && int64_t(c) * kStagedSplits + tid < plan.splits)
-          cp_async8(st + uint32_t(kStagedSplits * 512 + tid * 8),
-                    ws_ml + (prow + (int64_t(c) * kStagedSplits + tid) * n_rows) * 2);
-        cp_async_commit();
-      }
-    };
-    if constexpr (kStages > 0) {
-#pragma unroll 1
-      for (int c = 0; c < kStages; ++c) stage_chunk(c);
-    }
     // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
     float m_max = num::kNegInf;
     bool bad = false;
@@ -465,7 +412,6 @@ __global__ void __launch_bounds__(kThreads, kStages > 0 ? 2 : 4)
     const int64_t out_row = int64_t(q.first_row) * H + i;
     uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV) + f0;  // 4 bf16 per uint2
     if (bad || m_max == num::kNegInf) {
-      if constexpr (kStages > 0) cp_async_wait_all();  // (this thread's staged copies land before the next item's)
       const uint16_t v = bad ? num::kBf16QuietNaN : uint16_t(0);
       const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
       if (tid < 32 * kQ) o[tid] = make_uint2(v2, v2);
@@ -487,30 +433,6 @@ __global__ void __launch_bounds__(kThreads, kStages > 0 ? 2 : 4)
 #pragma unroll
         for (int k = 0; k < 4; ++k) combine_chain_add(acc[k], wgt, src[lane + 32 * k]);
       }
-    } else if constexpr (kStages > 0) {
-      // Chunk c: wait for its group, then warp w adds the chunk's splits w, w + 8, ... (its chain, in order).
-      const int chunks = (plan.splits + kStagedSplits - 1) / kStagedSplits;
-#pragma unroll 1
-      for (int c = 0; c < chunks; ++c) {
-        cp_async_wait<kStages - 1>();
-        __syncthreads();  // every thread's share of chunk c has landed
-        const unsigned char* st = staged_smem + (c % kStages) * kStagedStageBytes;
-        const float4* so = reinterpret_cast<const float4*>(st);
-        const float2* sml = reinterpret_cast<const float2*>(st + kStagedSplits * 512);
-#pragma unroll
-        for (int j = 0; j < kStagedSplits / kWarps; ++j) {
-          const int sl = warp + j * kWarps;
-          if (int64_t(c) * kStagedSplits + sl < plan.splits) {
-            const float2 ml = sml[sl];
-            const float wgt = exp2f(ml.x - m_max);
-            l_sum += wgt * ml.y;
-            combine_chain_add(acc[0], wgt, so[sl * 32 + lane]);
-          }
-        }
-        __syncthreads();  // every warp is done with stage c % kStages
-        stage_chunk(c + kStages);
-      }
-      probe_warp |= warp_mode == 3;
     } else {
       const int64_t step = int64_t(kWarps) * n_rows;  // partial rows from one split of the chain to its next
       const float2* ml = reinterpret_cast<const float2*>(ws_ml) + prow + warp * n_rows;  // (m, l) of split warp
@@ -680,22 +602,12 @@ struct FlashDeviceInfo {
   int combine_ctas = 0;  // resident combine CTAs (a row per CTA: verify_attn_combine_kernel<1>)
   int sms = 0;           // multiprocessors
   int combine_ctas2 = 0, combine_ctas4 = 0;  // resident combine CTAs of the 2- and 4-slice instantiations
-  int combine_ctas4s = 0;                     // ... and of the staged 4-slice one (kStagedBytes each)
 };
 // Opts `kernel` in to `smem` bytes of dynamic shared memory and sizes both launches' persistent grids on
 // device `dev`: state 1, or -2 with the CUDA error cleared.
 template <class Kernel>
 inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int dev) {
-  int sms = 0, occ = 0, occ1 = 0, occ2 = 0, occ4 = 0, occ4s = 0;
-  // The staged combine (~105 KB of shared memory with its static part) is optional: where a CTA may not have that
-  // much (sm_86 / 89 / 120: 99 KB) it is left out (combine_ctas4s = 0) and the registers' 4-slice schedule runs.
-  if (cudaFuncSetAttribute(verify_attn_combine_kernel<4, kStagedStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kStagedBytes) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ4s, verify_attn_combine_kernel<4, kStagedStages>, kThreads,
-                                                    kStagedBytes) != cudaSuccess) {
-    (void)cudaGetLastError();
-    occ4s = 0;
-  }
+  int sms = 0, occ = 0, occ1 = 0, occ2 = 0, occ4 = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess ||
@@ -706,7 +618,7 @@ inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int 
     (void)cudaGetLastError();
     return {-2, 0, 0, 0};
   }
-  return {1, occ * sms, occ1 * sms, sms, occ2 * sms, occ4 * sms, occ4s * sms};
+  return {1, occ * sms, occ1 * sms, sms, occ2 * sms, occ4 * sms};
 }
 // query(dev) -> FlashDeviceInfo for the current device, cached per device behind a mutex (launches may come
 // from several host threads); one cache per launcher (each passes its own lambda type).
@@ -747,21 +659,18 @@ inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, con
 }
 
 // DDTREE_ATTN_COMBINE, read per call (the tests compare the schedules; a captured graph keeps its capture's
-// value): cta / half / quarter force the CTA schedule with 1 / 2 / 4 slices (quarter: not staged), staged the
-// 4-slice schedule staged through shared memory with DDT_DATA_PROBE_COMBINE marked, warp the warp schedule, probe
-// the warp schedule with DDT_DATA_PROBE_COMBINE marked; unset or any other value: the defaults below.
+// value): cta / half / quarter force the CTA schedule with 1 / 2 / 4 slices, warp the warp schedule, probe the
+// warp schedule with DDT_DATA_PROBE_COMBINE marked; unset or any other value: the defaults below.
 struct CombineForce {
   int warp_mode = -1;  // -1: default
   int slices = 0;      // 0: default
-  int staged = -1;     // 4 slices staged through shared memory: -1 default, 0 no, 1 yes
 };
 inline CombineForce combine_force() {
   const char* env = std::getenv("DDTREE_ATTN_COMBINE");
   if (!env) return {};
   if (std::strcmp(env, "cta") == 0) return {0, 1};
   if (std::strcmp(env, "half") == 0) return {0, 2};
-  if (std::strcmp(env, "quarter") == 0) return {0, 4, 0};
-  if (std::strcmp(env, "staged") == 0) return {3, 4, 1};  // (warp_mode 3: a staged item marks the probe bit)
+  if (std::strcmp(env, "quarter") == 0) return {0, 4};
   if (std::strcmp(env, "warp") == 0) return {1, 0};
   if (std::strcmp(env, "probe") == 0) return {2, 0};
   return {};
@@ -795,14 +704,7 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   const CombineForce force = combine_force();
   const int warp_mode = combine_warp_mode(p, dev.sms, force);
   const int slices = combine_slices(p, dev, force);
-  // The staged 4-slice variant when the batch's rows x 4 fit one wave of its resident CTAs (2 per SM: <= 66 rows
-  // on the H200, batch 1 at T <= 8; docs/PERF_NOTES.md S26): its loads in flight do not need registers.
-  const bool staged = slices == 4 && dev.combine_ctas4s > 0 &&
-                      (force.staged == 1 || (force.staged < 0 && int64_t(p.total_nodes) * p.heads * 4 <= dev.combine_ctas4s));
-  const int64_t ctas = staged        ? dev.combine_ctas4s
-                       : slices == 4 ? dev.combine_ctas4
-                       : slices == 2 ? dev.combine_ctas2
-                                     : dev.combine_ctas;
+  const int64_t ctas = slices == 4 ? dev.combine_ctas4 : slices == 2 ? dev.combine_ctas2 : dev.combine_ctas;
   // (items: at most `slices` per row of the row capacity; fewer with the warp schedule)
   const int64_t items = std::min<int64_t>(b.combine_items, int64_t(p.total_nodes) * p.heads * slices);
   const dim3 g(unsigned(std::max<int64_t>(1, std::min<int64_t>(items, ctas))));
@@ -810,10 +712,7 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   const float* ml = ws_ml;
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
-  if (staged)
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<4, kStagedStages>, g, dim3(kThreads), kStagedBytes, s, p,
-                               split_keys, o, ml, warp_mode, plan, plan_capacity));
-  else if (slices == 4)
+  if (slices == 4)
     DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<4>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
                                      plan, plan_capacity));
   else if (slices == 2)

@@ -52,9 +52,8 @@ typedef enum ddt_status {
                                      scalars (batch, heads, split_keys, capacities) or never written: every row poisoned */
 #define DDT_DATA_PROBE_NARROW 0x100u /* test hook, set only with DDTREE_SM90_NARROW=probe in the environment: an item
                                         of ddt_verify_attn_sm90_cuda took the narrow path (requests of <= 16 rows) */
-#define DDT_DATA_PROBE_COMBINE 0x200u /* test hook, set only with DDTREE_ATTN_COMBINE=probe (or =staged) in the
-                                         environment: the flash kernels' combine merged a row with one warp (requests of
-                                         <= 8 splits; with =staged: ran its shared-memory-staged 4-slice schedule) */
+#define DDT_DATA_PROBE_COMBINE 0x200u /* test hook, set only with DDTREE_ATTN_COMBINE=probe in the environment: the
+                                         flash kernels' combine merged a row with one warp (requests of <= 8 splits) */
 
 /* ---- limits ---- */
 #define DDT_MAX_BUDGET 512  /* nodes besides the root; N = budget + 1 <= 513 */
