@@ -88,6 +88,14 @@ __device__ __forceinline__ long long globaltimer_ns() {
 #define DDT_PROF_COUNT(slot) do {} while (0)
 #endif
 
+// ---- cp.async (sm_80+), used by both flash kernels ----
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading src.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 constexpr int kWarps = 8;              // both flash kernels and the combine run 256-thread CTAs
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
