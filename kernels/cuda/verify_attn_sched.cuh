@@ -520,6 +520,13 @@ __device__ __forceinline__ PlanItem* round_plan() {
   __shared__ PlanItem s_plan[kMaxItemsPerCta];
   return s_plan;
 }
+// No row can be attributed (node_offsets malformed, or a refused plan): every CTA poisons a grid-strided share of
+// all rows, CTA 0 sets the status bit.
+__device__ __forceinline__ void poison_every_row(const ddt_verify_attn_params& p, uint32_t status_bit) {
+  fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * p.heads, int64_t(gridDim.x) * kWarps,
+            num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
+  if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(p.status, status_bit);
+}
 // kJoinOnly: threads that neither scan nor locate items (the sm_90a kernel's producer warpgroup: its copy of
 // this code then fits its 40 registers), but read the list and take part in every barrier.
 template <int RowTile, bool kJoinOnly = false, bool kPlanned = false, class Process>
@@ -530,10 +537,7 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
   const int H = p.heads;
   DDT_PROF_INIT();
   if (!kPlanned && offsets_bad(p)) {  // (planned: the header's verdict, below)
-    if (kJoinOnly) return;
-    fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
-              num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
-    if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
+    if (!kJoinOnly) poison_every_row(p, DDT_DATA_BAD_INDEX);
     return;
   }
   DDT_PROF_CTA(7, true);
@@ -549,10 +553,7 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
       if (round == 0) {
         read_plan_header(p, split_keys, plan, plan_capacity);
         if (const uint32_t verdict = uint32_t(plan_words()[0])) {
-          if (kJoinOnly) return;
-          fill_rows(p, int64_t(blockIdx.x) * kWarps, int64_t(p.total_nodes) * H, int64_t(gridDim.x) * kWarps,
-                    num::kBf16QuietNaN, num::bits_f32(0x7FC00000u));
-          if (tid == 0 && blockIdx.x == 0) atomicOr(p.status, verdict);
+          if (!kJoinOnly) poison_every_row(p, verdict);
           return;
         }
         DDT_PROF_CTA(8, true);

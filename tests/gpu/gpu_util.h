@@ -49,6 +49,14 @@ struct DevBuf {
 // device buffer grown to the largest size asked so far (grown outside any graph capture: callers warm up
 // first), NaN-filled when allocated and never cleared between calls (later calls see earlier partials: the
 // kernel must not read what it did not write in the same call).
+// A process-wide device buffer grown to `need` bytes when smaller (freed and allocated again, 0xFF-filled).
+inline void grow_ff_filled(void*& buf, size_t& cap, size_t need) {
+  if (need <= cap) return;
+  if (buf) GPU_CHECK(cudaFree(buf));
+  GPU_CHECK(cudaMalloc(&buf, need));
+  GPU_CHECK(cudaMemset(buf, 0xFF, need));
+  cap = need;
+}
 using VerifyAttnFlashFn = int (*)(const ddt_verify_attn_params*, int, void*, size_t, void*);
 inline int verify_attn_flash_with_workspace(VerifyAttnFlashFn fn, const ddt_verify_attn_params* p, int split_keys,
                                             void* stream) {
@@ -56,12 +64,7 @@ inline int verify_attn_flash_with_workspace(VerifyAttnFlashFn fn, const ddt_veri
   static size_t cap = 0;
   size_t need = 0;
   if (int rc = ddt_verify_attn_portable_workspace(p, split_keys, &need)) return rc;
-  if (need > cap) {
-    if (ws) GPU_CHECK(cudaFree(ws));
-    GPU_CHECK(cudaMalloc(&ws, need));
-    GPU_CHECK(cudaMemset(ws, 0xFF, need));
-    cap = need;
-  }
+  grow_ff_filled(ws, cap, need);
   return fn(p, split_keys, ws, cap, stream);
 }
 inline int verify_attn_portable_with_workspace(const ddt_verify_attn_params* p, int split_keys, void* stream) {
@@ -78,12 +81,7 @@ inline int verify_attn_sm90_planned_with_workspace(const ddt_verify_attn_params*
   static size_t cap = 0;
   size_t need = 0;
   if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
-  if (need > cap) {
-    if (plan) GPU_CHECK(cudaFree(plan));
-    GPU_CHECK(cudaMalloc(&plan, need));
-    GPU_CHECK(cudaMemset(plan, 0xFF, need));
-    cap = need;
-  }
+  grow_ff_filled(plan, cap, need);
   if (int rc = ddt_verify_attn_sm90_plan_cuda(p, split_keys, plan, cap, stream)) return rc;
   return verify_attn_flash_with_workspace(
       [](const ddt_verify_attn_params* q, int s, void* ws, size_t ws_bytes, void* st) {

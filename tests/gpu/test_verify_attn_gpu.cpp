@@ -820,40 +820,29 @@ TEST(VerifyAttnGpu, Sm90PlanForOtherParamsPoisonsEveryRow) {
     for (uint16_t o : r.out) n += std::isnan(bf16_f32(o));
     return n == r.lse.size() + r.out.size();
   };
-  // Never written: an all-zero header.
-  GPU_CHECK(cudaMemset(plan.ptr, 0, plan_bytes));
-  d.poison_outputs();
-  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
-  Result r = d.result();
-  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
-  EXPECT_TRUE(all_nan(r));
-  // Made for other heads, then for another batch.
-  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&other, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
-  d.poison_outputs();
-  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
-  r = d.result();
-  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
-  EXPECT_TRUE(all_nan(r));
-  other = prm;
-  other.batch = 1;
-  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&other, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
-  d.poison_outputs();
-  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
-  r = d.result();
-  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
-  EXPECT_TRUE(all_nan(r));
-  // Made for a different split length than the call's.
-  ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 64, plan.ptr, plan_bytes, nullptr), DDT_OK);
-  d.poison_outputs();
-  ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
-  r = d.result();
-  EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
-  EXPECT_TRUE(all_nan(r));
+  // A plan made for `made_for` at `made_split` (null: never written, an all-zero header), then the call for prm at
+  // split 512: refused on the device.
+  auto expect_refused = [&](const ddt_verify_attn_params* made_for, int made_split, const char* what) {
+    SCOPED_TRACE(what);
+    if (made_for) ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(made_for, made_split, plan.ptr, plan_bytes, nullptr), DDT_OK);
+    else GPU_CHECK(cudaMemset(plan.ptr, 0, plan_bytes));
+    d.poison_outputs();
+    ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
+    const Result r = d.result();
+    EXPECT_EQ(r.status, DDT_DATA_BAD_PLAN);
+    EXPECT_TRUE(all_nan(r));
+  };
+  expect_refused(nullptr, 512, "never written");
+  expect_refused(&other, 512, "other heads");
+  auto other_batch = prm;
+  other_batch.batch = 1;
+  expect_refused(&other_batch, 512, "another batch");
+  expect_refused(&prm, 64, "another split length");
   // The right plan: the unplanned call's result.
   ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&prm, 512, plan.ptr, plan_bytes, nullptr), DDT_OK);
   d.poison_outputs();
   ASSERT_EQ(ddt_verify_attn_sm90_planned_cuda(&prm, 512, plan.ptr, plan_bytes, ws.ptr, ws_bytes, nullptr), DDT_OK);
-  r = d.result();
+  const Result r = d.result();
   const Result u = run_gpu(p, sm90<512>);
   EXPECT_EQ(r.status, 0u);
   EXPECT_EQ(rows_differing(r, u), 0);
