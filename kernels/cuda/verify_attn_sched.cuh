@@ -37,7 +37,16 @@ __device__ __forceinline__ long long* prof_acc() {
   __shared__ long long acc[16];
   return acc;
 }
-#define DDT_PROF_INIT() do { if (threadIdx.x < 16) prof_acc()[threadIdx.x] = 0; } while (0)  // before a barrier
+// Which first-only timeline slots this CTA has stamped (bit per slot; shared-memory atomics: two threads stamp).
+__device__ __forceinline__ unsigned* prof_first_mask() {
+  __shared__ unsigned mask;
+  return &mask;
+}
+#define DDT_PROF_INIT()                                        \
+  do {                                                         \
+    if (threadIdx.x < 16) prof_acc()[threadIdx.x] = 0;         \
+    if (threadIdx.x == 0) *prof_first_mask() = 0;              \
+  } while (0)  // before a barrier
 #define DDT_PROF_FLUSH()                                                                     \
   do {                                                                                       \
     __syncthreads();                                                                         \
@@ -66,12 +75,14 @@ __device__ __forceinline__ long long globaltimer_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define DDT_PROF_CTA_AT(slot, thread, first_only)                               \
-  do {                                                                          \
-    if (threadIdx.x == (thread)) {                                              \
-      long long* c_ = g_attn_cta[blockIdx.x % 4096];                            \
-      if (!(first_only) || c_[slot] == 0) c_[slot] = clock64();                 \
-    }                                                                           \
+// (first_only: the flag lives in shared memory, so a stamp is one global store and no global read; reading the
+// slot back first cost a DRAM round trip after an L2 flush, inside the time it stamped: docs/PERF_NOTES.md S25)
+#define DDT_PROF_CTA_AT(slot, thread, first_only)                                                 \
+  do {                                                                                            \
+    if (threadIdx.x == (thread)) {                                                                \
+      if (!(first_only) || !(atomicOr(prof_first_mask(), 1u << (slot)) & (1u << (slot))))         \
+        g_attn_cta[blockIdx.x % 4096][slot] = clock64();                                          \
+    }                                                                                             \
   } while (0)
 #define DDT_PROF_CTA(slot, first_only) DDT_PROF_CTA_AT(slot, 0, first_only)
 #define DDT_PROF_CTA_NS(slot) do { if (threadIdx.x == 0) g_attn_cta[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
