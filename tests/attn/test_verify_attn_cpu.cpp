@@ -444,3 +444,74 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
 }
 
 }  // namespace
+
+namespace {
+
+// The plan kernel's CPU twin (ddt_verify_attn_sm90_plan_cpu) on a hand-counted batch: r0 P 600 N 2 (16 rows, 602
+// keys: 2 splits at 512, 1 row tile), r1 P 10 N 1 (11 keys: unsplit), r2 P 1000 N 9 (72 rows: 2 row tiles, 1009
+// keys: 2 splits) with a bad page in r2's second split. Items in order (request, split x row_tiles + tile, the
+// request's first workspace row): (0,0,0) (0,1,0) (1,0,32) (2,0,32) (2,1,32) (2,2,32) (2,3,32); r2's split-1
+// items bad. Also: a malformed node_offsets (header only), and the argument errors.
+TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
+  using namespace ddtree::kern::attn;
+  Options o;
+  o.heads = 8;
+  o.page_size = 64;
+  Problem pb = make_problem(5, {{600, 2, Shape::kChain}, {10, 1, Shape::kChain}, {1000, 9, Shape::kBushy}}, o);
+  const int bad_page = 600 / 64 + 1;  // r2, keys 640..703: inside its second split (512..1008)
+  pb.page_table[size_t(2) * pb.max_pages + bad_page] = -1;
+  std::vector<uint16_t> out(pb.out_size());
+  std::vector<float> lse(pb.lse_size());
+  uint32_t status = 0;
+  const ddt_verify_attn_params prm = pb.host_params(out.data(), lse.data(), &status);
+  size_t bytes = 0;
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&prm, 512, &bytes), DDT_OK);
+  std::vector<PlanItem> buf(bytes / sizeof(PlanItem) + 2);  // (16-byte aligned storage)
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 512, buf.data(), bytes), DDT_OK);
+  const PlanHeader& h = *reinterpret_cast<const PlanHeader*>(buf.data());
+  const PlanItem* it = reinterpret_cast<const PlanItem*>(&h + 1);
+  EXPECT_EQ(h.magic, kPlanMagic);
+  EXPECT_EQ(h.batch, 3);
+  EXPECT_EQ(h.heads, 8);
+  EXPECT_EQ(h.split_keys, 512);
+  EXPECT_EQ(h.total_nodes, 12);
+  EXPECT_EQ(h.num_pages, pb.num_pages);
+  EXPECT_EQ(h.offsets_bad, 0);
+  EXPECT_EQ(h.rows_end, 12);
+  ASSERT_EQ(h.items, 7);
+  const int want[7][4] = {{0, 0, 0, 0}, {0, 1, 0, 0}, {1, 0, 32, 0}, {2, 0, 32, 0}, {2, 1, 32, 0}, {2, 2, 32, 1}, {2, 3, 32, 1}};
+  const int64_t first_key[7] = {0, 512, 0, 0, 0, 512, 512};
+  for (int b = 0; b < 7; ++b) {
+    SCOPED_TRACE("item " + std::to_string(b));
+    EXPECT_EQ(it[b].r, want[b][0]);
+    EXPECT_EQ(it[b].local, want[b][1]);
+    EXPECT_EQ(it[b].partial_base, want[b][2]);
+    EXPECT_EQ(it[b].bad, want[b][3]);
+    const int r = want[b][0];
+    EXPECT_EQ(it[b].first_row, pb.offsets[r]);
+    EXPECT_EQ(it[b].nodes, pb.offsets[r + 1] - pb.offsets[r]);
+    EXPECT_EQ(it[b].prefix, pb.prefix[r]);
+    EXPECT_EQ(it[b].first_page, want[b][3] ? 0 : pb.page_table[size_t(r) * pb.max_pages + first_key[b] / 64]);
+  }
+  // Unsplit (split_keys 0): one item per row tile, no workspace rows.
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 0, buf.data(), bytes), DDT_OK);
+  ASSERT_EQ(h.items, 4);  // r0, r1, r2 tile 0, r2 tile 1
+  EXPECT_EQ(it[3].local, 1);  // (r2, row tile 1)
+  EXPECT_EQ(it[3].bad, 1);  // r2's whole key range includes the bad page
+  EXPECT_EQ(it[3].partial_base, 0);
+  // Malformed node_offsets: the header says so and lists nothing.
+  Problem bad_off = pb;
+  bad_off.offsets[2] = bad_off.offsets[1] - 1;
+  const ddt_verify_attn_params prm2 = bad_off.host_params(out.data(), lse.data(), &status);
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm2, 512, buf.data(), bytes), DDT_OK);
+  EXPECT_EQ(h.offsets_bad, 1);
+  EXPECT_EQ(h.items, 0);
+  EXPECT_EQ(h.rows_end, 0);
+  // Argument errors.
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 512, nullptr, bytes), DDT_ERR_NULL);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 512, reinterpret_cast<char*>(buf.data()) + 8, bytes), DDT_ERR_ALIGN);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 512, buf.data(), bytes - 1), DDT_ERR_SHAPE);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 48, buf.data(), bytes), DDT_ERR_SHAPE);
+}
+
+}  // namespace

@@ -24,6 +24,7 @@
 
 #include "ddtree/kernels.h"
 #include "gpu_util.h"
+#include "kernels/common/verify_attn_split.h"
 #include "tests/attn/attn_util.h"
 
 using namespace ddtree::test::attn;
@@ -796,6 +797,53 @@ TEST(VerifyAttnGpu, Sm90PlannedEqualsUnplannedBitwise) {
     }
   }
   std::printf("  planned == unplanned bitwise: %zu problems x 4 split lengths\n", problems.size());
+}
+
+// The plan kernel against its CPU twin (ddt_verify_attn_sm90_plan_cpu): the header and every listed item, byte for
+// byte, on every sweep case, a bad page and malformed node_offsets, at four split lengths.
+TEST(VerifyAttnGpu, Sm90PlanKernelEqualsCpuTwin) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  using ddtree::kern::attn::PlanHeader;
+  using ddtree::kern::attn::PlanItem;
+  std::vector<Problem> problems;
+  for (const Case& c : sweep()) problems.push_back(make_problem(c.seed, c.reqs, opts(c)));
+  Problem bad_page = make_problem(31, {{1000, 9, Shape::kBushy}, {700, 3, Shape::kChain}});
+  bad_page.page_table[bad_page.max_pages + 5] = int32_t(bad_page.num_pages);
+  problems.push_back(bad_page);
+  Problem bad_offsets = make_problem(32, {{100, 9, Shape::kBushy}, {70, 3, Shape::kChain}});
+  bad_offsets.offsets[1] = bad_offsets.offsets[2] + 1;
+  problems.push_back(bad_offsets);
+  int compared = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const Problem& pb = problems[i];
+    DevProblem d(pb);
+    const auto dev = d.params(pb);
+    std::vector<uint16_t> out(pb.out_size());
+    std::vector<float> lse(pb.lse_size());
+    uint32_t status = 0;
+    const auto host = pb.host_params(out.data(), lse.data(), &status);
+    for (int split : {512, 64, 96, 0}) {
+      SCOPED_TRACE("problem " + std::to_string(i) + ", split_keys " + std::to_string(split));
+      size_t bytes = 0;
+      ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&dev, split, &bytes), DDT_OK);
+      ddtree::test::DevBuf<unsigned char> plan(bytes);
+      GPU_CHECK(cudaMemset(plan.ptr, 0xFF, bytes));
+      ASSERT_EQ(ddt_verify_attn_sm90_plan_cuda(&dev, split, plan.ptr, bytes, nullptr), DDT_OK);
+      const std::vector<unsigned char> got = plan.download();
+      std::vector<PlanItem> want_buf(bytes / sizeof(PlanItem) + 2);
+      ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&host, split, want_buf.data(), bytes), DDT_OK);
+      const auto* want = reinterpret_cast<const unsigned char*>(want_buf.data());
+      const auto& h = *reinterpret_cast<const PlanHeader*>(want);
+      ASSERT_EQ(std::memcmp(got.data(), want, sizeof(PlanHeader)), 0) << "header";
+      ASSERT_LE(sizeof(PlanHeader) + size_t(h.items) * sizeof(PlanItem), bytes);
+      for (int b = 0; b < h.items; ++b)
+        ASSERT_EQ(std::memcmp(got.data() + sizeof(PlanHeader) + b * sizeof(PlanItem),
+                              want + sizeof(PlanHeader) + b * sizeof(PlanItem), sizeof(PlanItem)), 0)
+            << "item " << b;
+      ++compared;
+    }
+  }
+  std::printf("  plan kernel == CPU twin byte for byte: %d plans\n", compared);
 }
 
 // A plan made for other scalars (here: other heads, another batch), or never written, is refused on the device:

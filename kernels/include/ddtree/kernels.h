@@ -316,6 +316,9 @@ int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int split_keys, v
  * ddt_verify_attn_sm90_cuda, plus DDT_ERR_NULL / DDT_ERR_ALIGN / DDT_ERR_SHAPE for a missing, misaligned or
  * too small plan. */
 int ddt_verify_attn_sm90_plan_bytes(const ddt_verify_attn_params* p, int split_keys, size_t* bytes);
+/* The plan kernel's CPU twin: the same bytes (header and the listed items) from host copies of the params' arrays
+ * (node_offsets, prefix_lens, page_table; the other pointers are checked as by every call but not read). */
+int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, int split_keys, void* plan, size_t plan_bytes);
 int ddt_verify_attn_sm90_plan_cuda(const ddt_verify_attn_params* p, int split_keys, void* plan, size_t plan_bytes,
                                    void* stream);
 int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int split_keys, const void* plan,

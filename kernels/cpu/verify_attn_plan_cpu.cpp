@@ -1,0 +1,76 @@
+// CPU twin of the sm_90a kernel's per-step plan (ddt_verify_attn_sm90_plan_cuda, kernels/cuda/verify_attn_sm90.cu;
+// layout in kernels/common/verify_attn_split.h): the same header and item records, byte for byte, from a plain
+// walk over the requests in order. Item b of the plan is the b-th item of that walk: request r's items
+// local = split x row_tiles + row tile, 64-row tiles, each with the request's first workspace row (the partial rows
+// of the split requests before it), the page check over its key range and the physical page of its first key.
+#include <cstdint>
+#include <string>
+
+#include "kernels/common/validate.h"
+#include "kernels/common/verify_attn_index.h"
+#include "kernels/common/verify_attn_split.h"
+
+using namespace ddtree;
+using namespace ddtree::kern::attn;
+
+extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, int split_keys, void* plan,
+                                             size_t plan_bytes) {
+  if (int rc = kern::validate(p)) return rc;
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
+  if (!plan) return kern::fail(DDT_ERR_NULL, "verify_attn_sm90_plan_cpu: plan is null");
+  if (reinterpret_cast<uintptr_t>(plan) % 16 != 0)
+    return kern::fail(DDT_ERR_ALIGN, "verify_attn_sm90_plan_cpu: plan must be 16-byte aligned");
+  if (plan_bytes < need)
+    return kern::fail(DDT_ERR_SHAPE, "verify_attn_sm90_plan_cpu: plan_bytes " + std::to_string(plan_bytes) + " < " +
+                                         std::to_string(need) + " needed for these capacities");
+  constexpr int kRows = 64;  // the sm_90a kernel's rows per item
+  const int64_t capacity = int64_t((plan_bytes - sizeof(PlanHeader)) / sizeof(PlanItem));
+  auto* items = reinterpret_cast<PlanItem*>(static_cast<PlanHeader*>(plan) + 1);
+  bool offsets_ok = true;
+  for (int r = 0; r <= p->batch; ++r) offsets_ok = offsets_ok && offsets_entry_ok(*p, r);
+  int64_t b = 0;
+  if (offsets_ok) {
+    int64_t partial_base = 0;
+    for (int r = 0; r < p->batch; ++r) {
+      const Request q = make_request(*p, r);
+      const int64_t rows = int64_t(q.nodes) * p->heads;
+      const bool shape_ok = request_shape_ok(*p, q);
+      const SplitPlan sp = split_plan(shape_ok ? q.keys : 0, rows, split_keys, kRows);
+      for (int split = 0; split < sp.splits; ++split)
+        for (int t = 0; t < sp.row_tiles; ++t, ++b) {
+          const int64_t kb = sp.splits > 1 ? int64_t(split) * split_keys : 0;
+          const int64_t ke = sp.splits > 1 ? std::min<int64_t>(q.keys, kb + split_keys) : q.keys;
+          bool bad = !shape_ok;
+          for (int64_t k = kb / p->page_size; !bad && ke > kb && k < (ke + p->page_size - 1) / p->page_size; ++k)
+            bad = !page_ok(*p, q, k);
+          if (b >= capacity) continue;  // (cannot happen for a plan sized by ddt_verify_attn_sm90_plan_bytes)
+          PlanItem& rec = items[b];
+          rec.r = r;
+          rec.local = split * sp.row_tiles + t;
+          rec.partial_base = int32_t(partial_base);
+          rec.bad = bad ? 1 : 0;
+          rec.first_row = q.first_row;
+          rec.nodes = q.nodes;
+          rec.prefix = int32_t(q.prefix);
+          rec.first_page = !bad && ke > kb ? int32_t(page_entry(*p, q, kb / p->page_size)) : 0;
+        }
+      if (sp.splits > 1) partial_base += rows * sp.splits;
+    }
+  }
+  PlanHeader h{};
+  h.magic = kPlanMagic;
+  h.batch = p->batch;
+  h.heads = p->heads;
+  h.split_keys = split_keys;
+  h.total_nodes = p->total_nodes;
+  h.page_size = p->page_size;
+  h.max_pages = p->max_pages;
+  h.vis_words = p->vis_words;
+  h.items = int32_t(b);
+  h.offsets_bad = offsets_ok ? 0 : 1;
+  h.rows_end = offsets_ok && p->batch > 0 ? p->node_offsets[p->batch] : 0;
+  h.num_pages = p->num_pages;
+  *static_cast<PlanHeader*>(plan) = h;
+  return DDT_OK;
+}
