@@ -32,3 +32,20 @@ extern "C" int ddt_verify_attn_sm90_plan_bytes(const ddt_verify_attn_params* p, 
   *bytes = size_t(attn::plan_bytes(attn::capacity_bounds(*p, split_keys)));
   return DDT_OK;
 }
+
+namespace ddtree::kern::attn {
+int check_plan(const ddt_verify_attn_params* p, int split_keys, const void* plan, size_t plan_bytes, const char* who,
+               int64_t* capacity) {
+  size_t need = 0;
+  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
+  const std::string name = who;
+  if (!plan)
+    return fail(DDT_ERR_NULL, name + ": plan is null (ddt_verify_attn_sm90_plan_bytes: " + std::to_string(need) + " bytes)");
+  if (reinterpret_cast<uintptr_t>(plan) % 16 != 0) return fail(DDT_ERR_ALIGN, name + ": plan must be 16-byte aligned");
+  if (plan_bytes < need)
+    return fail(DDT_ERR_SHAPE, name + ": plan_bytes " + std::to_string(plan_bytes) + " < " + std::to_string(need) +
+                                   " needed for these capacities");
+  *capacity = int64_t((plan_bytes - sizeof(PlanHeader)) / sizeof(PlanItem));
+  return DDT_OK;
+}
+}  // namespace ddtree::kern::attn

@@ -100,6 +100,28 @@ static_assert(sizeof(PlanItem) == 32, "32-byte plan items");
 // The plan buffer for these capacities: room for every item the sm_90a kernel can have (the 32-row bound
 // covers its 64-row items).
 inline int64_t plan_bytes(const Bounds& b) { return int64_t(sizeof(PlanHeader)) + b.items * int64_t(sizeof(PlanItem)); }
+// The header of a plan made for p and split_keys (the plan kernel's and its CPU twin's): `items` listed;
+// offsets_ok: node_offsets well formed (else nothing is listed and rows_end is 0).
+DDT_HD PlanHeader plan_header(const ddt_verify_attn_params& p, int split_keys, int32_t items, bool offsets_ok) {
+  PlanHeader h{};
+  h.magic = kPlanMagic;
+  h.batch = p.batch;
+  h.heads = p.heads;
+  h.split_keys = split_keys;
+  h.total_nodes = p.total_nodes;
+  h.page_size = p.page_size;
+  h.max_pages = p.max_pages;
+  h.vis_words = p.vis_words;
+  h.items = items;
+  h.offsets_bad = offsets_ok ? 0 : 1;
+  h.rows_end = offsets_ok && p.batch > 0 ? p.node_offsets[p.batch] : 0;
+  h.num_pages = p.num_pages;
+  return h;
+}
+// A plan argument of the entry points (who: the name for the message): non-null, 16-byte aligned, at least
+// ddt_verify_attn_sm90_plan_bytes; *capacity = the items it holds. DDT_OK or the error, its message recorded.
+int check_plan(const ddt_verify_attn_params* p, int split_keys, const void* plan, size_t plan_bytes, const char* who,
+               int64_t* capacity);
 
 
 }  // namespace ddtree::kern::attn

@@ -4,7 +4,6 @@
 // local = split x row_tiles + row tile, 64-row tiles, each with the request's first workspace row (the partial rows
 // of the split requests before it), the page check over its key range and the physical page of its first key.
 #include <cstdint>
-#include <string>
 
 #include "kernels/common/validate.h"
 #include "kernels/common/verify_attn_index.h"
@@ -16,16 +15,9 @@ using namespace ddtree::kern::attn;
 extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, int split_keys, void* plan,
                                              size_t plan_bytes) {
   if (int rc = kern::validate(p)) return rc;
-  size_t need = 0;
-  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
-  if (!plan) return kern::fail(DDT_ERR_NULL, "verify_attn_sm90_plan_cpu: plan is null");
-  if (reinterpret_cast<uintptr_t>(plan) % 16 != 0)
-    return kern::fail(DDT_ERR_ALIGN, "verify_attn_sm90_plan_cpu: plan must be 16-byte aligned");
-  if (plan_bytes < need)
-    return kern::fail(DDT_ERR_SHAPE, "verify_attn_sm90_plan_cpu: plan_bytes " + std::to_string(plan_bytes) + " < " +
-                                         std::to_string(need) + " needed for these capacities");
+  int64_t capacity = 0;
+  if (int rc = check_plan(p, split_keys, plan, plan_bytes, "verify_attn_sm90_plan_cpu", &capacity)) return rc;
   constexpr int kRows = 64;  // the sm_90a kernel's rows per item
-  const int64_t capacity = int64_t((plan_bytes - sizeof(PlanHeader)) / sizeof(PlanItem));
   auto* items = reinterpret_cast<PlanItem*>(static_cast<PlanHeader*>(plan) + 1);
   bool offsets_ok = true;
   for (int r = 0; r <= p->batch; ++r) offsets_ok = offsets_ok && offsets_entry_ok(*p, r);
@@ -58,19 +50,6 @@ extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, in
       if (sp.splits > 1) partial_base += rows * sp.splits;
     }
   }
-  PlanHeader h{};
-  h.magic = kPlanMagic;
-  h.batch = p->batch;
-  h.heads = p->heads;
-  h.split_keys = split_keys;
-  h.total_nodes = p->total_nodes;
-  h.page_size = p->page_size;
-  h.max_pages = p->max_pages;
-  h.vis_words = p->vis_words;
-  h.items = int32_t(b);
-  h.offsets_bad = offsets_ok ? 0 : 1;
-  h.rows_end = offsets_ok && p->batch > 0 ? p->node_offsets[p->batch] : 0;
-  h.num_pages = p->num_pages;
-  *static_cast<PlanHeader*>(plan) = h;
+  *static_cast<PlanHeader*>(plan) = plan_header(*p, split_keys, int32_t(b), offsets_ok);
   return DDT_OK;
 }

@@ -278,15 +278,19 @@ __device__ __forceinline__ Request planned_request(const ddt_verify_attn_params&
 }
 // Is the request's shape or a page of the key range bad? The producer warpgroup decides it (an OR over its
 // threads, each checking a strided share of the pages, through barrier 2) and publishes it with the geometry.
-__device__ bool item_bad(const ddt_verify_attn_params& p, const ItemGeom& g) {
-  constexpr int kRole = kCtaThreads - kThreads;
-  const int rt = int(threadIdx.x) - kThreads;
+// The pages first, first + stride, ... of the item's key range, or its shape, bad? (One thread's share; no early
+// exit, so the loads stay in flight.)
+__device__ __forceinline__ bool item_pages_bad(const ddt_verify_attn_params& p, const ItemGeom& g, int first, int stride) {
   bool bad = !g.shape_ok;
   if (!bad && g.ke > g.kb) {
     const int64_t pg0 = g.kb / p.page_size, pg1 = (g.ke + p.page_size - 1) / p.page_size;
-    for (int64_t k = pg0 + rt; k < pg1; k += kRole) bad |= !page_ok(p, g.q, k);
+    for (int64_t k = pg0 + first; k < pg1; k += stride) bad |= !page_ok(p, g.q, k);
   }
-  return role_bar_or<2, kRole>(bad);
+  return bad;
+}
+__device__ bool item_bad(const ddt_verify_attn_params& p, const ItemGeom& g) {
+  constexpr int kRole = kCtaThreads - kThreads;
+  return role_bar_or<2, kRole>(item_pages_bad(p, g, int(threadIdx.x) - kThreads, kRole));
 }
 
 // The kernel's narrow_mode argument, kept in shared memory (written by thread 0 before the first barrier):
@@ -1108,11 +1112,7 @@ __global__ void __launch_bounds__(kThreads)
          b += int64_t(gridDim.x) * kThreads) {
       const Item item = locate_item(p, MainCounts<kRows>{split_keys}, s_items, s_rows, int(b));
       const ItemGeom g = item_geom(p, split_keys, item, make_request(p, item.r));
-      bool bad = !g.shape_ok;
-      if (!bad && g.ke > g.kb) {
-        const int64_t pg0 = g.kb / p.page_size, pg1 = (g.ke + p.page_size - 1) / p.page_size;
-        for (int64_t k = pg0; k < pg1; ++k) bad |= !page_ok(p, g.q, k);  // (no early exit: loads in flight)
-      }
+      const bool bad = item_pages_bad(p, g, 0, 1);
       PlanItem rec;
       rec.r = item.r;
       rec.local = item.local;
@@ -1125,24 +1125,9 @@ __global__ void __launch_bounds__(kThreads)
       items[b] = rec;
     }
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    PlanHeader h{};
-    h.magic = kPlanMagic;
-    h.batch = p.batch;
-    h.heads = p.heads;
-    h.split_keys = split_keys;
-    h.total_nodes = p.total_nodes;
-    h.page_size = p.page_size;
-    h.max_pages = p.max_pages;
-    h.vis_words = p.vis_words;
-    // (total > capacity cannot happen for a plan sized by ddt_verify_attn_sm90_plan_bytes; if it did, the items
-    // count is left past the capacity and the planned call refuses the plan: DDT_DATA_BAD_PLAN)
-    h.items = total;
-    h.offsets_bad = offsets_malformed ? 1 : 0;
-    h.rows_end = offsets_malformed ? 0 : (p.batch > 0 ? p.node_offsets[p.batch] : 0);
-    h.num_pages = p.num_pages;
-    *plan = h;
-  }
+  // (total > capacity cannot happen for a plan sized by ddt_verify_attn_sm90_plan_bytes; if it did, the items
+  // count is left past the capacity and the planned call refuses the plan: DDT_DATA_BAD_PLAN)
+  if (blockIdx.x == 0 && threadIdx.x == 0) *plan = plan_header(p, split_keys, total, !offsets_malformed);
 }
 
 // Per device, once: compute capability 9.0, a body in the loaded image, the dynamic shared-memory opt-in and
@@ -1264,20 +1249,6 @@ int check_sm90_device(const FlashDeviceInfo& dev) {
   if (dev.state != 1)
     return fail(DDT_ERR_CUDA, "verify_attn_sm90: cannot query the device or opt in to 226 KB of dynamic shared "
                               "memory");
-  return DDT_OK;
-}
-// A plan argument: non-null, 16-byte aligned, at least ddt_verify_attn_sm90_plan_bytes; its item capacity.
-int check_plan(const ddt_verify_attn_params* p, int split_keys, const void* plan, size_t plan_bytes, const char* who,
-               int64_t* capacity) {
-  size_t need = 0;
-  if (int rc = ddt_verify_attn_sm90_plan_bytes(p, split_keys, &need)) return rc;
-  const std::string name = who;
-  if (!plan) return fail(DDT_ERR_NULL, name + ": plan is null (ddt_verify_attn_sm90_plan_bytes: " + std::to_string(need) + " bytes)");
-  if (reinterpret_cast<uintptr_t>(plan) % 16 != 0) return fail(DDT_ERR_ALIGN, name + ": plan must be 16-byte aligned");
-  if (plan_bytes < need)
-    return fail(DDT_ERR_SHAPE, name + ": plan_bytes " + std::to_string(plan_bytes) + " < " + std::to_string(need) +
-                                   " needed for these capacities");
-  *capacity = int64_t((plan_bytes - sizeof(PlanHeader)) / sizeof(PlanItem));
   return DDT_OK;
 }
 // Both main-kernel entry points after their checks: plan null (unplanned) or checked.
