@@ -140,7 +140,7 @@ int main() {
       const float t_api = time_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); });
       const float t_main = time_us([&] {
         verify_attn_sm90_kernel<false><<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
-                                                                           qmap_wide, qmap_narrow, qtma, nullptr, 0);
+                                                                           qmap_wide, qmap_narrow, qtma, kv_evict_first_pays(b), nullptr, 0);
       });
       const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev, ws_o, ws_ml, nullptr); });
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });
@@ -150,7 +150,7 @@ int main() {
          // median / max over those CTAs of each phase, in us (clock64 at 1.98 GHz; start skew and span from
          // globaltimer, ns).
         // (One API call: the main kernel and the combine under PDL, both stamped.)
-        static long long cta[4096][16], comb[4096][4];
+        static long long cta[4096][16], comb[4096][8];
         std::memset(cta, 0, sizeof cta);
         std::memset(comb, 0, sizeof comb);
         cudaMemcpyToSymbol(g_attn_cta, cta, sizeof cta);
@@ -208,6 +208,21 @@ int main() {
                       "first entry %.1f, past pdl_wait %.1f .. %.1f, last exit %.1f; event time %.1f |\n",
                       label, (t_end - t0) * 1e-3, c_n, (c_in - t0) * 1e-3, (c_w0 - t0) * 1e-3, (c_w1 - t0) * 1e-3,
                       (c_out - t0) * 1e-3, t * 1e3);
+        {  // The combine's first item in detail (CTA schedule): median / max over the CTAs of each stamp, us after
+           // the CTA's own pdl_wait return.
+          std::vector<double> cd[6];
+          for (int c = 0; c < 4096; ++c) {
+            if (comb[c][1] == 0 || comb[c][3] == 0) continue;
+            for (int k = 0; k < 5; ++k)
+              if (comb[c][3 + k]) cd[k].push_back((comb[c][3 + k] - comb[c][1]) * 1e-3);
+            cd[5].push_back((comb[c][2] - comb[c][1]) * 1e-3);
+          }
+          if (!cd[0].empty())
+            std::printf("|   %s combine first item (%zu CTAs; us after each CTA's pdl_wait, median / max): located %s, "
+                        "M done %s, warp 0's chain done %s, all chains done %s, written %s, exit %s |\n",
+                        label, cd[0].size(), med_max(cd[0]).c_str(), med_max(cd[1]).c_str(), med_max(cd[2]).c_str(),
+                        med_max(cd[3]).c_str(), med_max(cd[4]).c_str(), med_max(cd[5]).c_str());
+        }
         const size_t working = col[0].size();
         std::printf("|   %s CTA timeline (%zu CTAs with items of %u; us, median / max): start skew %s, entry -> first item %s, "
                     "-> first tile landed %s, -> last item done %s, -> exit %s; exit %s after the first entry; span "

@@ -26,7 +26,9 @@ constexpr int kKeyTile = 32;  // key slots per KV tile (splits are whole tiles a
 // bitwise (FIDELITY rule E on cuda). One split_keys per deployment: a small value (e.g. 512) fills the GPU
 // for batch 1 at long contexts; 0 suits large batches (no partial traffic, no workspace).
 constexpr int kMaxItemsPerCta = 16;       // a persistent CTA lists its items 16 at a time (rounds)
-constexpr int kCombineMaxSlices = 4;      // combine, CTA schedule: at most 4 items (dim slices) per row
+constexpr int kCombineMaxSlices = 16;     // combine, CTA schedule: at most 16 items (dim slices) per row
+constexpr int kCombineSliceKinds = 5;     // its instantiations: 1, 2, 4, 8, 16 slices
+constexpr int kCombineDeepSplits = 32;    // combine: 8 and 16 slices only for requests of more splits than this
 constexpr int kCombineFewSplits = 8;      // combine, requests of at most this many splits: a warp per row
 
 struct SplitPlan {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -66,10 +67,11 @@ __device__ __forceinline__ unsigned* prof_first_mask() {
 // landed, 3 last item done, 4 exit (first_only: kept from the first pass), and globaltimer ns at 5 entry, 6 exit;
 // the startup in detail (clock64, first pass): 7 node_offsets checked, 8 scan done (thread 0), 9 first item's
 // geometry, 10 its page check done, 11 its first KV copy issued (the producer's thread 256). The combine's
-// threads 0 stamp globaltimer ns in g_attn_comb: 0 entry, 1 after pdl_wait, 2 exit. The harness zeroes both
-// before the launch.
+// threads 0 stamp globaltimer ns in g_attn_comb: 0 entry, 1 after pdl_wait, 2 exit; and of the CTA schedule's first
+// item: 3 located, 4 M over the splits done, 5 warp 0's chain done, 6 every chain done (past the barrier), 7 the
+// slice written. The harness zeroes both before the launch.
 __device__ long long g_attn_cta[4096][16];
-__device__ long long g_attn_comb[4096][4];
+__device__ long long g_attn_comb[4096][8];
 __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -87,7 +89,9 @@ __device__ __forceinline__ long long globaltimer_ns() {
 #define DDT_PROF_CTA(slot, first_only) DDT_PROF_CTA_AT(slot, 0, first_only)
 #define DDT_PROF_CTA_NS(slot) do { if (threadIdx.x == 0) g_attn_cta[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
 #define DDT_PROF_COMB_NS(slot) do { if (threadIdx.x == 0) g_attn_comb[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
+#define DDT_PROF_COMB_FIRST_NS(slot, first) do { if (threadIdx.x == 0 && (first)) g_attn_comb[blockIdx.x % 4096][slot] = globaltimer_ns(); } while (0)
 #else
+#define DDT_PROF_COMB_FIRST_NS(slot, first) do {} while (0)
 #define DDT_PROF_CTA_AT(slot, thread, first_only) do {} while (0)
 #define DDT_PROF_CTA(slot, first_only) do {} while (0)
 #define DDT_PROF_CTA_NS(slot) do {} while (0)
@@ -284,7 +288,7 @@ __device__ void read_plan_header(const ddt_verify_attn_params& p, int split_keys
 // past the last is never read; an empty split, all keys masked, adds exact zeros), so the result is
 // deterministic, batch invariant, and a chain node equals its single-node decode (FIDELITY rule E: the chain
 // has extra, empty splits). Two schedules of that one order:
-//  - one CTA per (row, slice of 512 / kSlices dims) (an item, kSlices = 1, 2, 4: combine_slices): warp w runs
+//  - one CTA per (row, slice of 512 / kSlices dims) (an item, kSlices = 1, 2, 4, 8, 16: combine_slices): warp w runs
 //    chain w over the slice's dims, the CTA adds the chains. Any S. With few rows (batch 1 at long contexts:
 //    8 rows, hundreds of splits) a CTA per row leaves most SMs idle and each CTA latency-bound; slices give
 //    more CTAs and, with fewer loads per lane per split, more splits' loads in flight per warp. Every slice
@@ -293,10 +297,11 @@ __device__ void read_plan_header(const ddt_verify_attn_params& p, int split_keys
 //    items of kWarps rows). Fewer instructions per row (one item lookup per 8 rows, no block barrier) but one
 //    split's loads in flight per warp at a time: the launcher picks it when there are rows enough to fill the
 //    GPU (combine_warp_mode). Both schedules give the same bits (a GPU test compares them).
-// Lanes hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp loads per split; a slice holds kQ =
-// 4 / kSlices consecutive k). A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN;
+// Lanes of the warp schedule and of a CTA per row hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp
+// loads per split); the sliced CTA schedules' lanes hold consecutive dims of the slice (verify_attn_combine_kernel).
+// Every dim sees the same operations in every schedule. A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN;
 // no visible key at all (M = -inf, every l = 0): 0 / -inf.
-// acc += wgt x v (one split's o at 4 dims): a chain's step, the same operations in both schedules (their
+// acc += wgt x v (one split's o at 4 dims): a chain's step, the same operations per dim in every schedule (their
 // bitwise equality rests on it).
 __device__ __forceinline__ void combine_chain_add(float4& acc, float wgt, const float4 v) {
   acc.x += wgt * v.x;
@@ -366,19 +371,55 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
   for (int k = 0; k < 4; ++k) o[lane + 32 * k] = combine_out_bf16x4(sum[k], inv);
   if (lane == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
 }
-// kSlices (1, 2, 4): the CTA schedule's items are (row, 512 / kSlices dims), the launcher's choice
+// kSlices (1, 2, 4, 8, 16): the CTA schedule's items are (row, 512 / kSlices dims), the launcher's choice
 // (combine_slices). (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70
-// without the bound, and 3 CTAs per SM cost the 32k shapes ~2%. More splits in flight per warp for the sliced
-// schedules need more registers, hence fewer CTAs: docs/PERF_NOTES.md S22, tried and not kept.)
+// without the bound, and 3 CTAs per SM cost the 32k shapes ~2%. More splits in flight per warp for the 2- and
+// 4-slice schedules need more registers, hence fewer CTAs: docs/PERF_NOTES.md S22, tried and not kept; the 8-
+// and 16-slice schedules hold 2 and 1 dims per lane, so 6 and 8 splits in flight fit.)
+// Lanes: kSlices 1 as the warp schedule (dims [4 lane + 128 k, +4), k < 4); kSlices > 1: the slice is the
+// row's dims [slice x 512 / kSlices, +512 / kSlices), lane holding kF = 16 / kSlices consecutive ones.
+template <int kF>
+__device__ __forceinline__ void combine_load_lane(float (&d)[kF], const float* src) {
+  if constexpr (kF % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < kF / 4; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(src)[k];
+      d[4 * k] = v.x, d[4 * k + 1] = v.y, d[4 * k + 2] = v.z, d[4 * k + 3] = v.w;
+    }
+  } else if constexpr (kF == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    d[0] = v.x, d[1] = v.y;
+  } else {
+    d[0] = *src;
+  }
+}
+// kF bf16 (the values times inv) to dst, in one store.
+template <int kF>
+__device__ __forceinline__ void combine_store_lane(uint16_t* dst, const float (&v)[kF], float inv) {
+  uint32_t h[kF];
+#pragma unroll
+  for (int i = 0; i < kF; ++i) h[i] = num::f32_to_bf16(v[i] * inv);
+  if constexpr (kF == 8) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
+                                                h[6] | (h[7] << 16));
+  } else if constexpr (kF == 4) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+  } else if constexpr (kF == 2) {
+    *reinterpret_cast<uint32_t*>(dst) = h[0] | (h[1] << 16);
+  } else {
+    *dst = uint16_t(h[0]);
+  }
+}
 template <int kSlices>
 __global__ void __launch_bounds__(kThreads, 4)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
                                int warp_mode, const PlanHeader* plan, int64_t plan_capacity) {
-  static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4, "a slice is whole float4s of every lane");
-  constexpr int kQ = 4 / kSlices;  // float4 per lane per split: lane's dims 4 lane + 128 (slice kQ + k), k < kQ
-  constexpr int kInFlight = kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
+  static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4 || kSlices == 8 || kSlices == 16,
+                "a slice is whole dims of every lane");
+  constexpr int kF = 16 / kSlices;  // (kSlices > 1) dims per lane per split
+  constexpr int kInFlight = kSlices == 16 ? 8 : kSlices == 8 ? 6 : kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
   __shared__ int s_items[kThreads], s_rows[kThreads];
-  __shared__ float4 s_acc[kWarps][32 * kQ];  // per-warp partial sums of a slice (16 KB / kSlices)
+  __shared__ __align__(16) float s_acc[kWarps][kDimV / kSlices];  // per-warp partial sums of a slice (16 KB / kSlices)
   __shared__ float s_l[kWarps], s_m[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   DDT_PROF_COMB_NS(0);
@@ -391,16 +432,26 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
   if (offsets_bad(p)) return;  // the main kernel poisoned every row (or, with a stale plan, left them undefined)
   scan_requests(p, counts, s_items, s_rows);
-  // Launched with programmatic dependent launch: the checks and the scan above read only the inputs and run
-  // while the main kernel finishes; its partials are read only after this wait.
-  pdl_wait();
-  DDT_PROF_COMB_NS(1);
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
+  // The first item's location and request (inputs only) before the wait as well (through shared memory: values
+  // kept in registers across the item loop cost the sliced schedules spills).
+  __shared__ Item s_first;
+  __shared__ Request s_first_q;
+  if (tid == 0 && int(blockIdx.x) < total) {
+    s_first = locate_item(p, counts, s_items, s_rows, blockIdx.x);
+    s_first_q = make_request(p, s_first.r);
+  }
+  __syncthreads();
+  // Launched with programmatic dependent launch: the checks, the scan and the first item's lookup above read
+  // only the inputs and run while the main kernel finishes; its partials are read only after this wait.
+  pdl_wait();
+  DDT_PROF_COMB_NS(1);
   bool probe_warp = false;  // DDTREE_ATTN_COMBINE=probe: a row of this CTA was merged by the warp schedule
   for (int b = blockIdx.x; b < total; b += gridDim.x) {
-    const Item item = locate_item(p, counts, s_items, s_rows, b);
-    const Request q = make_request(p, item.r);
+    const bool first = b == int(blockIdx.x);
+    const Item item = first ? s_first : locate_item(p, counts, s_items, s_rows, b);
+    const Request q = first ? s_first_q : make_request(p, item.r);
     const int64_t n_rows = int64_t(q.nodes) * H;
     const SplitPlan plan = split_plan(q.keys, n_rows, split_keys);  // shape checked: only split requests have items
     if (combine_by_warps(warp_mode != 0, plan.splits)) {  // (uniform over the CTA: an item's rows share the request)
@@ -411,8 +462,9 @@ __global__ void __launch_bounds__(kThreads, 4)
       probe_warp |= warp_mode == 2;
       continue;
     }
+    DDT_PROF_COMB_FIRST_NS(3, first);
     const int64_t i = item.local / kSlices;              // request-local row
-    const int f0 = (item.local % kSlices) * 32 * kQ;      // the slice's first float4 of the row
+    const int d0 = (item.local % kSlices) * (kDimV / kSlices);  // the slice's first dim
     const int64_t prow = int64_t(item.partial_base) + i;  // split s: prow + s * n_rows
     // 1. M and the bad flag over all splits (block-wide; max is order-free, NaN marks are sticky).
     float m_max = num::kNegInf;
@@ -428,21 +480,21 @@ __global__ void __launch_bounds__(kThreads, 4)
     __syncthreads();
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w]);
+    DDT_PROF_COMB_FIRST_NS(4, first);
     const int64_t out_row = int64_t(q.first_row) * H + i;
-    uint2* o = reinterpret_cast<uint2*>(p.out + out_row * kDimV) + f0;  // 4 bf16 per uint2
+    uint16_t* o = p.out + out_row * kDimV + d0;
     if (bad || m_max == num::kNegInf) {
       const uint16_t v = bad ? num::kBf16QuietNaN : uint16_t(0);
-      const uint32_t v2 = uint32_t(v) | (uint32_t(v) << 16);
-      if (tid < 32 * kQ) o[tid] = make_uint2(v2, v2);
-      if (tid == 0 && f0 == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
+      for (int d = tid; d < kDimV / kSlices; d += kThreads) o[d] = v;
+      if (tid == 0 && d0 == 0) p.lse[out_row] = bad ? num::bits_f32(0x7FC00000u) : num::kNegInf;
       continue;
     }
-    // 2. Warp w: splits w, w + 8, ... in order, the slice's dims (kInFlight splits' loads in flight).
-    float4 acc[kQ];
-#pragma unroll
-    for (int k = 0; k < kQ; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // 2. Warp w: splits w, w + 8, ... in order, the slice's dims; 3. the warp sums in warp order.
     float l_sum = 0.0f;
-    if constexpr (kSlices == 1) {  // (a row per CTA: the loop of the schedule before the slices, SASS unchanged)
+    if constexpr (kSlices == 1) {  // (a row per CTA: the loop of the schedule before the slices)
+      float4 acc[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 2
       for (int s = warp; s < plan.splits; s += kWarps) {
         const int64_t pr = prow + s * n_rows;
@@ -452,25 +504,49 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
         for (int k = 0; k < 4; ++k) combine_chain_add(acc[k], wgt, src[lane + 32 * k]);
       }
+      DDT_PROF_COMB_FIRST_NS(5, first);
+      float4* s_acc4 = reinterpret_cast<float4*>(s_acc[warp]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_acc4[32 * k + lane] = acc[k];
+      if (lane == 0) s_l[warp] = l_sum;
+      __syncthreads();
+      DDT_PROF_COMB_FIRST_NS(6, first);
+      if (tid < 128) {  // thread t finishes the row's float4 t
+        float l_all = 0.0f;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          l_all += s_l[w];
+          const float4 v = reinterpret_cast<const float4*>(s_acc[w])[tid];
+          sum.x += v.x;
+          sum.y += v.y;
+          sum.z += v.z;
+          sum.w += v.w;
+        }
+        reinterpret_cast<uint2*>(o)[tid] = combine_out_bf16x4(sum, 1.0f / l_all);
+        if (tid == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
+      }
     } else {
+      float acc[kF];
+#pragma unroll
+      for (int k = 0; k < kF; ++k) acc[k] = 0.0f;
       const int64_t step = int64_t(kWarps) * n_rows;  // partial rows from one split of the chain to its next
       const float2* ml = reinterpret_cast<const float2*>(ws_ml) + prow + warp * n_rows;  // (m, l) of split warp
-      const float4* src = reinterpret_cast<const float4*>(ws_o) + (prow + warp * n_rows) * (kDimV / 4) + f0 + lane;
+      const float* src = ws_o + (prow + warp * n_rows) * kDimV + d0 + kF * lane;
       for (int s0 = warp; s0 < plan.splits; s0 += kInFlight * kWarps) {
         float2 mls[kInFlight];
-        float4 os[kInFlight][kQ];
+        float os[kInFlight][kF];
 #pragma unroll
         for (int j = 0; j < kInFlight; ++j) {  // (pointers stepped, not j x step: no hoisted 64-bit products)
           mls[j] = make_float2(0.0f, 0.0f);  // (set on every path: otherwise values carried across iterations spill)
 #pragma unroll
-          for (int k = 0; k < kQ; ++k) os[j][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          for (int k = 0; k < kF; ++k) os[j][k] = 0.0f;
           if (s0 + j * kWarps < plan.splits) {
             mls[j] = *ml;
-#pragma unroll
-            for (int k = 0; k < kQ; ++k) os[j][k] = src[32 * k];
+            combine_load_lane<kF>(os[j], src);
           }
           ml += step;
-          src += step * (kDimV / 4);
+          src += step * kDimV;
         }
 #pragma unroll
         for (int j = 0; j < kInFlight; ++j)
@@ -478,31 +554,31 @@ __global__ void __launch_bounds__(kThreads, 4)
             const float wgt = exp2f(mls[j].x - m_max);
             l_sum += wgt * mls[j].y;
 #pragma unroll
-            for (int k = 0; k < kQ; ++k) combine_chain_add(acc[k], wgt, os[j][k]);
+            for (int k = 0; k < kF; ++k) acc[k] += wgt * os[j][k];  // (combine_chain_add's operation per dim)
           }
       }
-    }
+      DDT_PROF_COMB_FIRST_NS(5, first);
 #pragma unroll
-    for (int k = 0; k < kQ; ++k) s_acc[warp][32 * k + lane] = acc[k];
-    if (lane == 0) s_l[warp] = l_sum;
-    __syncthreads();
-    // 3. The warp sums in warp order; thread t < 32 kQ finishes the slice's float4 t.
-    if (tid < 32 * kQ) {
-      float l_all = 0.0f;
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int k = 0; k < kF; ++k) s_acc[warp][kF * lane + k] = acc[k];
+      if (lane == 0) s_l[warp] = l_sum;
+      __syncthreads();
+      DDT_PROF_COMB_FIRST_NS(6, first);
+      if (tid < 32) {  // thread t finishes lane t's dims
+        float l_all = 0.0f, sum[kF];
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        l_all += s_l[w];
-        const float4 v = s_acc[w][tid];
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+        for (int k = 0; k < kF; ++k) sum[k] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          l_all += s_l[w];
+#pragma unroll
+          for (int k = 0; k < kF; ++k) sum[k] += s_acc[w][kF * tid + k];
+        }
+        combine_store_lane<kF>(o + kF * tid, sum, 1.0f / l_all);
+        if (tid == 0 && d0 == 0)
+          p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
       }
-      o[tid] = combine_out_bf16x4(sum, 1.0f / l_all);
-      if (tid == 0 && f0 == 0)
-        p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
     }
+    DDT_PROF_COMB_FIRST_NS(7, first);
   }
   if (probe_warp && tid == 0) atomicOr(p.status, DDT_DATA_PROBE_COMBINE);
   DDT_PROF_COMB_NS(2);
@@ -619,26 +695,34 @@ struct FlashDeviceInfo {
   int state = 0;         // 0 not asked, 1 ok, -2 a CUDA query or opt-in failed (not cached: asked again),
                          // other negative values: the launcher's own refusals (cached)
   int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
-  int combine_ctas = 0;  // resident combine CTAs (a row per CTA: verify_attn_combine_kernel<1>)
   int sms = 0;           // multiprocessors
-  int combine_ctas2 = 0, combine_ctas4 = 0;  // resident combine CTAs of the 2- and 4-slice instantiations
+  int combine_ctas[kCombineSliceKinds] = {};  // resident combine CTAs of verify_attn_combine_kernel<1 << k>
 };
 // Opts `kernel` in to `smem` bytes of dynamic shared memory and sizes both launches' persistent grids on
 // device `dev`: state 1, or -2 with the CUDA error cleared.
 template <class Kernel>
 inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int dev) {
-  int sms = 0, occ = 0, occ1 = 0, occ2 = 0, occ4 = 0;
+  int sms = 0, occ = 0, occ_c[kCombineSliceKinds] = {};
+  FlashDeviceInfo failed;
+  failed.state = -2;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ1, verify_attn_combine_kernel<1>, kThreads, 0) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, verify_attn_combine_kernel<2>, kThreads, 0) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ4, verify_attn_combine_kernel<4>, kThreads, 0) != cudaSuccess ||
-      occ < 1 || occ1 < 1 || occ2 < 1 || occ4 < 1) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_c[0], verify_attn_combine_kernel<1>, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_c[1], verify_attn_combine_kernel<2>, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_c[2], verify_attn_combine_kernel<4>, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_c[3], verify_attn_combine_kernel<8>, kThreads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_c[4], verify_attn_combine_kernel<16>, kThreads, 0) != cudaSuccess ||
+      occ < 1 || *std::min_element(occ_c, occ_c + kCombineSliceKinds) < 1) {
     (void)cudaGetLastError();
-    return {-2, 0, 0, 0};
+    return failed;
   }
-  return {1, occ * sms, occ1 * sms, sms, occ2 * sms, occ4 * sms};
+  FlashDeviceInfo info;
+  info.state = 1;
+  info.main_ctas = occ * sms;
+  info.sms = sms;
+  for (int k = 0; k < kCombineSliceKinds; ++k) info.combine_ctas[k] = occ_c[k] * sms;
+  return info;
 }
 // query(dev) -> FlashDeviceInfo for the current device, cached per device behind a mutex (launches may come
 // from several host threads); one cache per launcher (each passes its own lambda type).
@@ -650,7 +734,9 @@ FlashDeviceInfo cached_device_info(Query query) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     (void)cudaGetLastError();
-    return {-2, 0, 0, 0};
+    FlashDeviceInfo failed;
+    failed.state = -2;
+    return failed;
   }
   std::lock_guard<std::mutex> lock(mu);
   if (info[dev].state != 0) return info[dev];
@@ -679,7 +765,8 @@ inline int check_flash_call(const ddt_verify_attn_params* p, int split_keys, con
 }
 
 // DDTREE_ATTN_COMBINE, read per call (the tests compare the schedules; a captured graph keeps its capture's
-// value): cta / half / quarter force the CTA schedule with 1 / 2 / 4 slices, warp the warp schedule, probe the
+// value): cta / half / quarter / eighth / sixteenth force the CTA schedule with 1 / 2 / 4 / 8 / 16 slices, warp
+// the warp schedule, probe the
 // warp schedule with DDT_DATA_PROBE_COMBINE marked; unset or any other value: the defaults below.
 struct CombineForce {
   int warp_mode = -1;  // -1: default
@@ -691,6 +778,8 @@ inline CombineForce combine_force() {
   if (std::strcmp(env, "cta") == 0) return {0, 1};
   if (std::strcmp(env, "half") == 0) return {0, 2};
   if (std::strcmp(env, "quarter") == 0) return {0, 4};
+  if (std::strcmp(env, "eighth") == 0) return {0, 8};
+  if (std::strcmp(env, "sixteenth") == 0) return {0, 16};
   if (std::strcmp(env, "warp") == 0) return {1, 0};
   if (std::strcmp(env, "probe") == 0) return {2, 0};
   return {};
@@ -704,14 +793,21 @@ inline int combine_warp_mode(const ddt_verify_attn_params& p, int sms, const Com
   if (force.warp_mode >= 0) return force.warp_mode;
   return int64_t(p.total_nodes) * p.heads >= int64_t(2 * kWarps) * sms ? 1 : 0;
 }
-// The CTA schedule's slices per row: as many (4, 2, 1) as keep the items of the batch's row capacity within one
-// wave of that instantiation's resident CTAs (docs/PERF_NOTES.md S21: with few rows the sliced schedules save
-// 2-20 us per call at batch 1; at 512 rows and more, slices cost 3-14%: more items, each with its barriers).
-// Changes no bit (a slice's dims see the same operations).
-inline int combine_slices(const ddt_verify_attn_params& p, const FlashDeviceInfo& dev, const CombineForce& force) {
+// The CTA schedule's slices per row: as many (16, 8, 4, 2, 1) as keep the items of the batch's row capacity
+// within one wave of that instantiation's resident CTAs (docs/PERF_NOTES.md S21: with few rows the sliced
+// schedules save 2-20 us per call at batch 1; at 512 rows and more, slices cost 3-14%: more items, each with its
+// barriers). 8 and 16 slices only when a request may have more than kCombineDeepSplits splits (the capacities'
+// longest context): their gain is fewer rounds of loads per chain (S29: 128k T 1 b 1 -6 us), and with a few
+// splits per chain the extra CTAs cost ~1 us (8k at split 512: 17 splits). Changes no bit (a slice's dims see
+// the same operations).
+inline int combine_slices(const ddt_verify_attn_params& p, int split_keys, const FlashDeviceInfo& dev,
+                          const CombineForce& force) {
   if (force.slices > 0) return force.slices;
   const int64_t rows = int64_t(p.total_nodes) * p.heads;
-  return rows * 4 <= dev.combine_ctas4 ? 4 : rows * 2 <= dev.combine_ctas2 ? 2 : 1;
+  const int max_splits = split_plan(int64_t(p.max_pages) * p.page_size, 1, split_keys).splits;
+  for (int k = kCombineSliceKinds - 1; k > 0; --k)
+    if ((k <= 2 || max_splits > kCombineDeepSplits) && rows * (1 << k) <= dev.combine_ctas[k]) return 1 << k;
+  return 1;
 }
 
 // The combine launch after a flash kernel (when the capacities allow a split: some request may split).
@@ -723,8 +819,8 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   if (b.combine_items == 0) return DDT_OK;
   const CombineForce force = combine_force();
   const int warp_mode = combine_warp_mode(p, dev.sms, force);
-  const int slices = combine_slices(p, dev, force);
-  const int64_t ctas = slices == 4 ? dev.combine_ctas4 : slices == 2 ? dev.combine_ctas2 : dev.combine_ctas;
+  const int slices = combine_slices(p, split_keys, dev, force);
+  const int64_t ctas = dev.combine_ctas[std::countr_zero(unsigned(slices))];
   // (items: at most `slices` per row of the row capacity; fewer with the warp schedule)
   const int64_t items = std::min<int64_t>(b.combine_items, int64_t(p.total_nodes) * p.heads * slices);
   const dim3 g(unsigned(std::max<int64_t>(1, std::min<int64_t>(items, ctas))));
@@ -732,15 +828,16 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   const float* ml = ws_ml;
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
-  if (slices == 4)
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<4>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
-                                     plan, plan_capacity));
-  else if (slices == 2)
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<2>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
-                                     plan, plan_capacity));
-  else
-    DDT_CUDA_RETURN(launch_pdl(verify_attn_combine_kernel<1>, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode,
-                                     plan, plan_capacity));
+  auto launch = [&](auto kernel) {
+    return launch_pdl(kernel, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode, plan, plan_capacity);
+  };
+  switch (slices) {
+    case 16: DDT_CUDA_RETURN(launch(verify_attn_combine_kernel<16>)); break;
+    case 8: DDT_CUDA_RETURN(launch(verify_attn_combine_kernel<8>)); break;
+    case 4: DDT_CUDA_RETURN(launch(verify_attn_combine_kernel<4>)); break;
+    case 2: DDT_CUDA_RETURN(launch(verify_attn_combine_kernel<2>)); break;
+    default: DDT_CUDA_RETURN(launch(verify_attn_combine_kernel<1>)); break;
+  }
   return DDT_OK;
 }
 

@@ -154,11 +154,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
-// One [64 rows][64 bf16] box of the 2D KV tensor map at (dim x, row y) into 128B-swizzled shared memory.
-__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+// One [64 rows][64 bf16] box of the 2D KV tensor map at (dim x, row y) into 128B-swizzled shared memory, with an L2
+// eviction priority (policy: an l2_policy value).
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
+                                                  uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy) : "memory");
 }
 // A whole KV tile through the 3D map (encode_kv_map): box [9 chunks][64 rows][64 bf16] from row y, i.e. the
 // same 9 swizzled boxes one after another, in one instruction.
@@ -166,6 +168,26 @@ __device__ __forceinline__ void tma_load_tile3d(uint32_t dst, const CUtensorMap*
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar) : "memory");
+}
+// The same tile with an L2 eviction priority (policy: an l2_policy value).
+__device__ __forceinline__ void tma_load_tile3d_hint(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar,
+                                                     uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar), "l"(policy) : "memory");
+}
+// L2 eviction policies for the KV copies: evict_first where no other CTA reads the tile (a request of one row
+// tile: its KV is read once per call), so the stream of KV does not push the split partials out of L2 before
+// the combine reads them back; evict_normal where the request's other row tiles read the same tile.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
 }
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous region.
 template <int N>
@@ -320,6 +342,7 @@ struct Pipe {
   bool tma;              // TMA (page_size and split_keys multiples of 64) or cp.async
   bool tile3d;           // the map is 3D: one copy per tile (else 9 boxes of the 2D map)
   bool qtma;             // Q by TMA from the producer (else cp.async by the math warps)
+  bool kv_evict_first;   // KV copies of one-row-tile requests marked L2 evict_first (kv_l2_evict_first)
 };
 
 // The producer warpgroup's share of an item: wait until a stage is free, look up where the tile lives, issue
@@ -369,6 +392,9 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   if (pipe.tma && pt != 0) return;
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
   const int64_t table_row = int64_t(g.q.r) * p.max_pages;
+  // (evict_first where no other CTA of this call reads the tile: a request of one row tile)
+  const bool evict_first = pipe.kv_evict_first && g.n_rows <= kRows;
+  const uint64_t kv_policy = evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
 #pragma unroll 1
   for (int64_t kt = 0; kt < g.ntiles; ++kt) {
     const int buf = int(kt & 1);
@@ -389,11 +415,12 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     if (pipe.tma) {
       mbar_expect_tx(bar, uint32_t(kKvBytes));
       if (pipe.tile3d) {
-        tma_load_tile3d(dst, pipe.map, int(slot), bar);
+        if (evict_first) tma_load_tile3d_hint(dst, pipe.map, int(slot), bar, kv_policy);
+        else tma_load_tile3d(dst, pipe.map, int(slot), bar);
         DDT_PROF_CTA_AT(11, kThreads, true);
       } else {
 #pragma unroll 1
-        for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar);
+        for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar, kv_policy);
       }
     } else {
       const uint16_t* src = p.kv_cache + slot * kDimQK;
@@ -1026,10 +1053,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
                             const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_mode,
                             const __grid_constant__ CUtensorMap q_map_wide,
-                            const __grid_constant__ CUtensorMap q_map_narrow, int use_qtma,
+                            const __grid_constant__ CUtensorMap q_map_narrow, int use_qtma, int kv_l2_evict_first,
                             const PlanHeader* plan, int64_t plan_capacity) {
   // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile);
   // use_qtma: 1 = the Q maps are valid (encode_q_maps), Q loads by the producer's TMA; 0 = cp.async;
+  // kv_l2_evict_first: 1 = the TMA copies of KV tiles that only one CTA reads carry an L2 evict_first hint
+  // (kv_evict_first_pays: the launcher's choice);
   // narrow_mode: 1 = requests of at most 16 rows take process_narrow, 0 = off (DDTREE_SM90_NARROW=0), 2 = on and
   // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
   // plan: null (each CTA checks node_offsets and scans the requests) or a plan of plan_capacity items
@@ -1044,7 +1073,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   __shared__ ItemGeom info[2];
   const Pipe pipe{&kv_map,         &q_map_wide,      &q_map_narrow,    info,          smem_u32(bars),
                   smem_u32(bars + 2), smem_u32(bars + 4), smem_u32(bars + 6), smem_u32(bars + 8),
-                  smem_u32(bars + 9), use_tma != 0,    use_tma == 2,     use_qtma != 0};
+                  smem_u32(bars + 9), use_tma != 0,    use_tma == 2,     use_qtma != 0, kv_l2_evict_first != 0};
   if (threadIdx.x == 0) {  // made visible to all threads by run_flash_items' first barrier
     narrow_mode_slot() = narrow_mode;
     mbar_init(pipe.full, pipe.tma ? 1 : 128);
@@ -1251,6 +1280,14 @@ int check_sm90_device(const FlashDeviceInfo& dev) {
                               "memory");
   return DDT_OK;
 }
+// Whether the KV copies of one-row-tile requests take the L2 evict_first hint: when the split partials (bounded
+// by the capacities) fit a third of the H200's 50 MB L2, so that, with the KV stream evicted first, they are still
+// there for the combine (docs/PERF_NOTES.md S27: 128k T 1 b 1 -3 to -6 us; with 33-266 MB of partials the hint
+// cost the fixed batches 1-5%, so they copy without it). A cache hint only: no result depends on it.
+int kv_evict_first_pays(const Bounds& b) {
+  const int64_t partial_bytes = b.partial_rows * int64_t(kPartialRowBytes);
+  return partial_bytes > 0 && partial_bytes <= (int64_t(16) << 20) ? 1 : 0;
+}
 // Both main-kernel entry points after their checks: plan null (unplanned) or checked.
 int launch_sm90(const ddt_verify_attn_params* p, int split_keys, const PlanHeader* plan, int64_t plan_capacity,
                 void* workspace, cudaStream_t s, const FlashDeviceInfo& dev) {
@@ -1274,12 +1311,13 @@ int launch_sm90(const ddt_verify_attn_params* p, int split_keys, const PlanHeade
   // Q by the producer's TMA when the q maps encode (DDTREE_SM90_QTMA=0: the math warps' cp.async).
   CUtensorMap qmap_wide{}, qmap_narrow{};
   const int qtma = encode_q_maps(&qmap_wide, &qmap_narrow, *p);
+  const int evict_first = kv_evict_first_pays(b);
   if (plan)
     verify_attn_sm90_kernel<true><<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(
-        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, plan, plan_capacity);
+        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, evict_first, plan, plan_capacity);
   else
     verify_attn_sm90_kernel<false><<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(
-        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, nullptr, 0);
+        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, evict_first, nullptr, 0);
   DDT_CUDA_LAUNCHED();
   return launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s, plan, plan_capacity);
 }
