@@ -804,9 +804,10 @@ inline int combine_slices(const ddt_verify_attn_params& p, int split_keys, const
                           const CombineForce& force) {
   if (force.slices > 0) return force.slices;
   const int64_t rows = int64_t(p.total_nodes) * p.heads;
-  const int max_splits = split_plan(int64_t(p.max_pages) * p.page_size, 1, split_keys).splits;
+  // (more than kCombineDeepSplits splits <=> more keys than kCombineDeepSplits x split_keys; in 64 bits)
+  const bool deep = split_keys > 0 && int64_t(p.max_pages) * p.page_size > int64_t(kCombineDeepSplits) * split_keys;
   for (int k = kCombineSliceKinds - 1; k > 0; --k)
-    if ((k <= 2 || max_splits > kCombineDeepSplits) && rows * (1 << k) <= dev.combine_ctas[k]) return 1 << k;
+    if ((k <= 2 || deep) && rows * (1 << k) <= dev.combine_ctas[k]) return 1 << k;
   return 1;
 }
 
