@@ -116,6 +116,7 @@ def lib():
         _lib.ddt_verify_attn_sm90_plan_bytes.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
         _lib.ddt_verify_attn_sm90_plan_cuda.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
                                                         ctypes.c_void_p]
+        _lib.ddt_verify_attn_sm90_plan_cpu.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
         _lib.ddt_verify_attn_sm90_planned_cuda.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                                            ctypes.c_void_p]
@@ -356,28 +357,9 @@ def _as_bf16(ref, x, name: str):
     return _aligned(np.ascontiguousarray(a), 16)
 
 
-def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
-                status=None, kernel: str = "oracle", split_keys: int = 512):
-    """Tree-verify MLA attention over a paged latent KV cache (semantics: kernels.h section 4).
-
-    q [total_nodes, H, 576] and kv_cache [num_pages, page_size, 576] (or [num_pages * page_size, 576]) are bf16:
-    torch.bfloat16 tensors (CUDA tensors run the CUDA oracle on the current stream, CPU tensors the CPU twin) or
-    numpy uint16 bit patterns (float arrays are rounded to bf16 first; see bf16_from_f32). page_table
-    [batch, max_pages] i32, prefix_lens [batch] i32, node_offsets [batch + 1] i32 (request r owns rows
-    node_offsets[r] .. node_offsets[r+1]-1; rows past node_offsets[batch] are padding), vis [total_nodes, W] u64
-    ancestor bitmask rows. Returns (out [total_nodes, H, 512] bf16 (torch.bfloat16 / numpy uint16), lse
-    [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
-    DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
-    status array is OR-ed into and returned. kernel (CUDA tensors only): "oracle" (the simple reference kernel) or
-    "portable" (the mma.sync flash kernel) or "sm90" (the wgmma flash kernel, compute capability 9.0 only) or
-    "sm90-plan" (the same with its per-step plan made right before the call: ddt_verify_attn_sm90_plan_cuda, then
-    ddt_verify_attn_sm90_planned_cuda; bitwise the "sm90" result); the flash kernels' workspace (and plan) is
-    allocated here with torch on the tensors' device; split_keys: their split length, 0 = never split, else a
-    multiple of 32: keep one value per deployment, see kernels.h)."""
-    if kernel not in ("oracle", "portable", "sm90", "sm90-plan"):
-        raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable', 'sm90' or 'sm90-plan', got {kernel!r}")
-    if kernel != "oracle" and not _is_cuda(q):
-        raise ValueError(f"verify_attn: kernel={kernel!r} runs on CUDA tensors only")
+def _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale, page_size, status):
+    """verify_attn's argument checks and conversions: (ref, params, out, lse, status, the converted arrays
+    (kept alive while params points at them))."""
     if len(q.shape) != 3 or q.shape[2] != ATTN_DIM_QK:
         raise ValueError(f"verify_attn: q must be [total_nodes, heads, {ATTN_DIM_QK}], got {tuple(q.shape)}")
     total_nodes, heads = int(q.shape[0]), int(q.shape[1])
@@ -408,6 +390,85 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     p = _VerifyAttn(_ptr(q), _ptr(kv), _ptr(page_table), _ptr(prefix_lens), _ptr(node_offsets), _ptr(vis), batch,
                     total_nodes, heads, page_size, max_pages, slots // page_size, int(vis.shape[1]),
                     float(softmax_scale), _ptr(out), _ptr(lse), _ptr(st))
+    return ref, p, out, lse, st, (q, kv, page_table, prefix_lens, node_offsets, vis)
+
+
+class VerifyAttnPlan:
+    """The sm_90a kernel's per-step plan (verify_attn_plan): bytes (a torch uint8 tensor on the GPU, or a numpy
+    uint8 array from the CPU twin) for one split_keys. Valid for every layer of a step while batch, heads, the
+    capacities and the contents of node_offsets, prefix_lens and page_table stay the same (kernels.h)."""
+
+    def __init__(self, data, split_keys: int):
+        self.data = data
+        self.split_keys = split_keys
+
+    def __len__(self):
+        return int(self.data.numel() if _is_torch(self.data) else self.data.size)
+
+
+def verify_attn_plan(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
+                     split_keys: int = 512) -> VerifyAttnPlan:
+    """Makes the per-step plan of the sm_90a kernel (ddt_verify_attn_sm90_plan_cuda on CUDA tensors, on the current
+    stream; its CPU twin ddt_verify_attn_sm90_plan_cpu on host arrays: the same bytes) from verify_attn's
+    arguments. Pass it as verify_attn(..., kernel="sm90-plan", plan=...) for each layer of the step (q, kv_cache,
+    vis and softmax_scale may change from layer to layer); a plan made for other scalars poisons every row and
+    sets DDT_DATA_BAD_PLAN (4) in the status word."""
+    ref, p, _, _, _, keep = _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis,
+                                                softmax_scale, page_size, None)
+    L = lib()
+    need = ctypes.c_size_t(0)
+    rc = L.ddt_verify_attn_sm90_plan_bytes(ctypes.byref(p), int(split_keys), ctypes.byref(need))
+    if rc != 0:
+        raise DDTreeError(rc, f"ddt_verify_attn_sm90_plan_bytes: {L.ddt_last_error_message().decode()}")
+    if _is_cuda(ref):
+        data = torch.empty(max(int(need.value), 16), dtype=torch.uint8, device=ref.device)  # fresh: 256-byte aligned
+        with torch.cuda.device(ref.device):
+            stream = torch.cuda.current_stream(ref.device).cuda_stream
+            rc = L.ddt_verify_attn_sm90_plan_cuda(ctypes.byref(p), int(split_keys), ctypes.c_void_p(data.data_ptr()),
+                                                  need.value, ctypes.c_void_p(stream))
+        who = "ddt_verify_attn_sm90_plan_cuda"
+    else:
+        data = _aligned(np.zeros(max(int(need.value), 16), dtype=np.uint8), 16)
+        rc = L.ddt_verify_attn_sm90_plan_cpu(ctypes.byref(p), int(split_keys), ctypes.c_void_p(data.ctypes.data),
+                                             need.value)
+        who = "ddt_verify_attn_sm90_plan_cpu"
+    del keep
+    if rc != 0:
+        raise DDTreeError(rc, f"{who}: {L.ddt_status_string(rc).decode()}: {L.ddt_last_error_message().decode()}")
+    return VerifyAttnPlan(data[:int(need.value)], int(split_keys))
+
+
+def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
+                status=None, kernel: str = "oracle", split_keys: int = 512, plan: VerifyAttnPlan = None):
+    """Tree-verify MLA attention over a paged latent KV cache (semantics: kernels.h section 4).
+
+    q [total_nodes, H, 576] and kv_cache [num_pages, page_size, 576] (or [num_pages * page_size, 576]) are bf16:
+    torch.bfloat16 tensors (CUDA tensors run the CUDA oracle on the current stream, CPU tensors the CPU twin) or
+    numpy uint16 bit patterns (float arrays are rounded to bf16 first; see bf16_from_f32). page_table
+    [batch, max_pages] i32, prefix_lens [batch] i32, node_offsets [batch + 1] i32 (request r owns rows
+    node_offsets[r] .. node_offsets[r+1]-1; rows past node_offsets[batch] are padding), vis [total_nodes, W] u64
+    ancestor bitmask rows. Returns (out [total_nodes, H, 512] bf16 (torch.bfloat16 / numpy uint16), lse
+    [total_nodes, H] f32 = ln sum exp(softmax_scale * q.k) over the visible keys, status word [1] u32:
+    DDT_DATA_BAD_INDEX = 2 when a request's page indices / lengths were bad; its rows are then NaN). A given
+    status array is OR-ed into and returned. kernel (CUDA tensors only): "oracle" (the simple reference kernel) or
+    "portable" (the mma.sync flash kernel) or "sm90" (the wgmma flash kernel, compute capability 9.0 only) or
+    "sm90-plan" (ddt_verify_attn_sm90_planned_cuda with `plan`, a verify_attn_plan made once per step and reused
+    for every layer, or, without one, a plan made right before the call; bitwise the "sm90" result); the flash
+    kernels' workspace is allocated here with torch on the tensors' device; split_keys: their split length, 0 =
+    never split, else a multiple of 32: keep one value per deployment, see kernels.h)."""
+    if kernel not in ("oracle", "portable", "sm90", "sm90-plan"):
+        raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable', 'sm90' or 'sm90-plan', got {kernel!r}")
+    if kernel != "oracle" and not _is_cuda(q):
+        raise ValueError(f"verify_attn: kernel={kernel!r} runs on CUDA tensors only")
+    if plan is not None:
+        if kernel != "sm90-plan":
+            raise ValueError(f"verify_attn: a plan is for kernel='sm90-plan', not {kernel!r}")
+        if not (_is_torch(plan.data) and plan.data.device == q.device):
+            raise ValueError("verify_attn: the plan must live on the tensors' GPU (verify_attn_plan of CUDA tensors)")
+        if plan.split_keys != int(split_keys):
+            raise ValueError(f"verify_attn: the plan was made for split_keys {plan.split_keys}, not {split_keys}")
+    ref, p, out, lse, st, keep = _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis,
+                                                    softmax_scale, page_size, status)
     if kernel != "oracle":
         L = lib()
         need = ctypes.c_size_t(0)
@@ -418,24 +479,18 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
         with torch.cuda.device(ref.device):
             stream = torch.cuda.current_stream(ref.device).cuda_stream
             if kernel == "sm90-plan":
-                plan_need = ctypes.c_size_t(0)
-                rc = L.ddt_verify_attn_sm90_plan_bytes(ctypes.byref(p), int(split_keys), ctypes.byref(plan_need))
-                if rc == 0:
-                    plan = torch.empty(int(plan_need.value), dtype=torch.uint8, device=ref.device)
-                    rc = L.ddt_verify_attn_sm90_plan_cuda(ctypes.byref(p), int(split_keys),
-                                                          ctypes.c_void_p(plan.data_ptr()), plan_need.value,
-                                                          ctypes.c_void_p(stream))
-                if rc == 0:
-                    rc = L.ddt_verify_attn_sm90_planned_cuda(ctypes.byref(p), int(split_keys),
-                                                             ctypes.c_void_p(plan.data_ptr()), plan_need.value,
-                                                             ctypes.c_void_p(ws.data_ptr()), need.value,
-                                                             ctypes.c_void_p(stream))
+                if plan is None:
+                    plan = verify_attn_plan(*keep, softmax_scale, page_size, split_keys)
+                rc = L.ddt_verify_attn_sm90_planned_cuda(ctypes.byref(p), int(split_keys),
+                                                         ctypes.c_void_p(plan.data.data_ptr()), len(plan),
+                                                         ctypes.c_void_p(ws.data_ptr()), need.value,
+                                                         ctypes.c_void_p(stream))
             else:
                 fn = getattr(L, f"ddt_verify_attn_{kernel}_cuda")
                 rc = fn(ctypes.byref(p), int(split_keys), ctypes.c_void_p(ws.data_ptr()), need.value,
                         ctypes.c_void_p(stream))
         if rc != 0:
-            who = "ddt_verify_attn_sm90_plan / _planned" if kernel == "sm90-plan" else f"ddt_verify_attn_{kernel}"
+            who = "ddt_verify_attn_sm90_planned_cuda" if kernel == "sm90-plan" else f"ddt_verify_attn_{kernel}_cuda"
             raise DDTreeError(rc, f"{who}: {L.ddt_status_string(rc).decode()}: "
                                   f"{L.ddt_last_error_message().decode()}")
         return out, lse, st

@@ -295,3 +295,80 @@ def test_large_prefix_cuda_kernels_against_torch_fp32(reqs, heads, page, kernel)
     err, cos = check_bar(out, lse, ref_out, ref_lse)
     print(f"{kernel}: P={[p for p, _, _ in reqs]} N={[n for _, n, _ in reqs]} H={heads} page={page}: max abs err {err:.3g}, "
           f"cosine diff {cos:.3g}")
+
+
+# ---- the sm_90a kernel's per-step plan object (verify_attn_plan) ----
+BAD_PLAN = 4
+PLAN_MAGIC = 0x4E4C5044  # "DPLN"
+PLAN_REQS = [(700, 9, "bushy"), (64, 1, "chain"), (1500, 20, "deep"), (0, 3, "star")]
+
+
+def plan_of(backend, pb, split_keys=512):
+    q, kv, pt, pre, off, vis = on(backend, pb)
+    return dk.verify_attn_plan(q, kv, pt, pre, off, vis, SCALE, pb["page_size"], split_keys=split_keys)
+
+
+def plan_bytes(plan):
+    return np.asarray(dk.to_numpy(plan.data), dtype=np.uint8)
+
+
+def test_verify_attn_plan_cpu_twin_header():
+    pb = make_problem(31, PLAN_REQS, 8, 64, extra_rows=2)
+    plan = plan_of("cpu", pb)
+    b = plan_bytes(plan)
+    h = b[:64].view(np.int32)
+    assert len(plan) == b.size and b.size >= 64 and (b.size - 64) % 32 == 0
+    # magic, batch, heads, split_keys, total_nodes, page_size, max_pages, vis_words, items, offsets_bad, rows_end
+    assert h[0] == PLAN_MAGIC
+    assert list(h[1:8]) == [len(PLAN_REQS), 8, 512, pb["total"], 64, pb["page_table"].shape[1], pb["vis"].shape[1]]
+    assert h[8] > 0 and 64 + 32 * h[8] <= b.size
+    assert h[9] == 0 and h[10] == pb["offsets"][-1]
+    assert np.array_equal(plan_bytes(plan_of("cpu", pb)), b)  # deterministic
+    pb["prefix"][2] -= 700  # another step's lengths: another plan
+    assert not np.array_equal(plan_bytes(plan_of("cpu", pb)), b)
+
+
+def test_verify_attn_plan_errors_raise():
+    pb = make_problem(32, PLAN_REQS, 8, 64)
+    with pytest.raises(dk.DDTreeError):
+        plan_of("cpu", pb, split_keys=100)  # not a multiple of 32
+    if HAVE_CUDA:
+        q, kv, pt, pre, off, vis = on("cuda", pb)
+        host_plan = plan_of("cpu", pb)
+        with pytest.raises(ValueError):  # a host plan for CUDA tensors
+            dk.verify_attn(q, kv, pt, pre, off, vis, SCALE, 64, kernel="sm90-plan", plan=host_plan)
+
+
+@pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU")
+def test_verify_attn_plan_cuda_equals_cpu_twin_and_is_reused_across_layers():
+    pb = make_problem(33, PLAN_REQS, 8, 64, extra_rows=2)
+    plan = plan_of("cuda", pb)
+    assert np.array_equal(plan_bytes(plan), plan_bytes(plan_of("cpu", pb)))
+    rng = np.random.default_rng(34)
+    q, kv, pt, pre, off, vis = on("cuda", pb)
+    for layer in range(3):  # new q and KV values per layer (sign bits flipped at random; NaN poison stays NaN)
+        if layer > 0:
+            q = (q.view(torch.int16) ^ torch.from_numpy(
+                (rng.integers(0, 2, q.shape) << 15).astype(np.int16)).cuda()).view(torch.bfloat16)
+            kv = (kv.view(torch.int16) ^ torch.from_numpy(
+                (rng.integers(0, 2, kv.shape) << 15).astype(np.int16)).cuda()).view(torch.bfloat16)
+        o1, l1, s1 = dk.verify_attn(q, kv, pt, pre, off, vis, SCALE, 64, kernel="sm90-plan", plan=plan)
+        o0, l0, s0 = dk.verify_attn(q, kv, pt, pre, off, vis, SCALE, 64, kernel="sm90")
+        assert dk.status_value(s1) == dk.status_value(s0) == 0
+        assert torch.equal(o1.view(torch.int16), o0.view(torch.int16)) and torch.equal(l1.view(torch.int32), l0.view(torch.int32))
+    ref_out, ref_lse = reference_np({**pb, "q": dk.to_numpy(q.view(torch.int16)).view(np.uint16),
+                                     "kv": dk.to_numpy(kv.view(torch.int16)).view(np.uint16)})
+    check_bar(o1, l1, ref_out, ref_lse)
+
+
+@pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU")
+def test_verify_attn_plan_for_other_params_poisons_every_row():
+    pb = make_problem(35, PLAN_REQS, 8, 64)
+    other = make_problem(35, PLAN_REQS, 16, 64)  # other scalars (heads; a plan at least as large)
+    plan = plan_of("cuda", other)
+    q, kv, pt, pre, off, vis = on("cuda", pb)
+    out, lse, st = dk.verify_attn(q, kv, pt, pre, off, vis, SCALE, 64, kernel="sm90-plan", plan=plan)
+    assert dk.status_value(st) & BAD_PLAN
+    assert torch.isnan(out.float()).all() and torch.isnan(lse).all()
+    with pytest.raises(ValueError):  # made for another split length
+        dk.verify_attn(q, kv, pt, pre, off, vis, SCALE, 64, kernel="sm90-plan", split_keys=256, plan=plan)
