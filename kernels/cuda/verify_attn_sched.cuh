@@ -375,7 +375,8 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
 // (combine_slices). (At most 64 registers: 4 CTAs per SM keep the CTA schedule's loads in flight; ptxas takes 70
 // without the bound, and 3 CTAs per SM cost the 32k shapes ~2%. More splits in flight per warp for the 2- and
 // 4-slice schedules need more registers, hence fewer CTAs: docs/PERF_NOTES.md S22, tried and not kept; the 8-
-// and 16-slice schedules hold 2 and 1 dims per lane, so 6 and 8 splits in flight fit.)
+// and 16-slice schedules hold 2 and 1 dims per lane and load a round's (m, l) one split per lane, so 6 and 12 splits
+// in flight fit, issued together (cuobjdump: every load of a round before its first use).)
 // Lanes: kSlices 1 as the warp schedule (dims [4 lane + 128 k, +4), k < 4); kSlices > 1: the slice is the
 // row's dims [slice x 512 / kSlices, +512 / kSlices), lane holding kF = 16 / kSlices consecutive ones.
 template <int kF>
@@ -417,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4 || kSlices == 8 || kSlices == 16,
                 "a slice is whole dims of every lane");
   constexpr int kF = 16 / kSlices;  // (kSlices > 1) dims per lane per split
-  constexpr int kInFlight = kSlices == 16 ? 8 : kSlices == 8 ? 6 : kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
+  constexpr int kInFlight = kSlices == 16 ? 12 : kSlices == 8 ? 6 : kSlices == 4 ? 4 : 2;  // (kSlices > 1) a chain's splits whose loads are in flight together
   __shared__ int s_items[kThreads], s_rows[kThreads];
   __shared__ __align__(16) float s_acc[kWarps][kDimV / kSlices];  // per-warp partial sums of a slice (16 KB / kSlices)
   __shared__ float s_l[kWarps], s_m[kWarps];
@@ -533,6 +534,36 @@ __global__ void __launch_bounds__(kThreads, 4)
       const int64_t step = int64_t(kWarps) * n_rows;  // partial rows from one split of the chain to its next
       const float2* ml = reinterpret_cast<const float2*>(ws_ml) + prow + warp * n_rows;  // (m, l) of split warp
       const float* src = ws_o + (prow + warp * n_rows) * kDimV + d0 + kF * lane;
+      if constexpr (kSlices >= 8) {
+        // (m, l) of the round's split j by lane j (one load per lane, its weight computed there, handed to the
+        // other lanes by shuffles): the other lanes' loads are only o's, kF floats per split, so the round's
+        // loads fit the registers without ptxas interleaving them with the adds (it did with a (m, l) per lane
+        // per split: one load latency per few splits instead of one per round).
+        for (int s0 = warp; s0 < plan.splits; s0 += kInFlight * kWarps) {
+          const int sj = s0 + kWarps * lane;
+          float2 ml_lane = make_float2(num::kNegInf, 0.0f);
+          if (lane < kInFlight && sj < plan.splits) ml_lane = ml[int64_t(lane) * step];
+          float os[kInFlight][kF];
+#pragma unroll
+          for (int j = 0; j < kInFlight; ++j) {
+#pragma unroll
+            for (int k = 0; k < kF; ++k) os[j][k] = 0.0f;
+            if (s0 + j * kWarps < plan.splits) combine_load_lane<kF>(os[j], src);
+            src += step * kDimV;
+          }
+          ml += kInFlight * step;
+          const float wgt_lane = exp2f(ml_lane.x - m_max);
+#pragma unroll
+          for (int j = 0; j < kInFlight; ++j) {
+            const float wgt = __shfl_sync(0xFFFFFFFFu, wgt_lane, j), lj = __shfl_sync(0xFFFFFFFFu, ml_lane.y, j);
+            if (s0 + j * kWarps < plan.splits) {
+              l_sum += wgt * lj;
+#pragma unroll
+              for (int k = 0; k < kF; ++k) acc[k] += wgt * os[j][k];  // (combine_chain_add's operation per dim)
+            }
+          }
+        }
+      } else
       for (int s0 = warp; s0 < plan.splits; s0 += kInFlight * kWarps) {
         float2 mls[kInFlight];
         float os[kInFlight][kF];
