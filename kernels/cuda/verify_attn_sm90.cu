@@ -154,13 +154,11 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
-// One [64 rows][64 bf16] box of the 2D KV tensor map at (dim x, row y) into 128B-swizzled shared memory, with an L2
-// eviction priority (policy: an l2_policy value).
-__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
-                                                  uint64_t policy) {
+// One [64 rows][64 bf16] box of the 2D KV tensor map at (dim x, row y) into 128B-swizzled shared memory.
+__device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy) : "memory");
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
 }
 // A whole KV tile through the 3D map (encode_kv_map): box [9 chunks][64 rows][64 bf16] from row y, i.e. the
 // same 9 swizzled boxes one after another, in one instruction.
@@ -169,24 +167,20 @@ __device__ __forceinline__ void tma_load_tile3d(uint32_t dst, const CUtensorMap*
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar) : "memory");
 }
-// The same tile with an L2 eviction priority (policy: an l2_policy value).
+// The same tile with an L2 eviction priority (policy: l2_policy_evict_first's).
 __device__ __forceinline__ void tma_load_tile3d_hint(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar,
                                                      uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar), "l"(policy) : "memory");
 }
-// L2 eviction policies for the KV copies: evict_first where no other CTA reads the tile (a request of one row
-// tile: its KV is read once per call), so the stream of KV does not push the split partials out of L2 before
-// the combine reads them back; evict_normal where the request's other row tiles read the same tile.
+// The L2 policy of the hinted KV copies: evict_first, for tiles no other CTA reads (a request of one row tile:
+// its KV is read once per call), so the stream of KV does not push the split partials out of L2 before the
+// combine reads them back. (Every other copy is unhinted: an evict_normal hint is not the same as none and
+// cost ~1%, docs/PERF_NOTES.md S27.)
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
   return pol;
 }
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous region.
@@ -392,9 +386,10 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   if (pipe.tma && pt != 0) return;
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
   const int64_t table_row = int64_t(g.q.r) * p.max_pages;
-  // (evict_first where no other CTA of this call reads the tile: a request of one row tile)
+  // (evict_first where no other CTA of this call reads the tile: a request of one row tile; the 3D map's copy
+  // only: the 2D map's 9 boxes, the fallback, stay unhinted)
   const bool evict_first = pipe.kv_evict_first && g.n_rows <= kRows;
-  const uint64_t kv_policy = evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
+  const uint64_t kv_policy = l2_policy_evict_first();  // (used only when evict_first)
 #pragma unroll 1
   for (int64_t kt = 0; kt < g.ntiles; ++kt) {
     const int buf = int(kt & 1);
@@ -420,7 +415,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
         DDT_PROF_CTA_AT(11, kThreads, true);
       } else {
 #pragma unroll 1
-        for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar, kv_policy);
+        for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar);
       }
     } else {
       const uint16_t* src = p.kv_cache + slot * kDimQK;
