@@ -45,7 +45,7 @@ int check_plan(const ddt_verify_attn_params* p, int split_keys, const void* plan
   if (plan_bytes < need)
     return fail(DDT_ERR_SHAPE, name + ": plan_bytes " + std::to_string(plan_bytes) + " < " + std::to_string(need) +
                                    " needed for these capacities");
-  *capacity = int64_t((plan_bytes - size_t(kPlanItemsOffset)) / sizeof(PlanItem));  // (plan_bytes >= need >= the offset)
+  *capacity = int64_t((plan_bytes - sizeof(PlanHeader)) / sizeof(PlanItem));
   return DDT_OK;
 }
 }  // namespace ddtree::kern::attn

@@ -35,7 +35,6 @@ struct SplitPlan {
   int row_tiles;            // ceil(rows / row_tile)
   int splits;               // key ranges (1: no split, the item writes out / lse itself)
   int64_t tiles_per_split;  // key tiles per range (the last may be shorter)
-  int64_t key_tiles;        // key tiles over all ranges (>= 1)
 };
 
 // keys = P + N of a request whose scalars are valid (0 for an invalid one: one item per row tile, no
@@ -47,52 +46,11 @@ DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_
   s.splits = 1;
   const int64_t ktiles = (keys + kKeyTile - 1) / kKeyTile;
   s.tiles_per_split = ktiles > 0 ? ktiles : 1;
-  s.key_tiles = s.tiles_per_split;
   if (rows <= 0 || split_keys <= 0 || keys <= split_keys) return s;
   s.tiles_per_split = split_keys / kKeyTile;
   s.splits = int((ktiles + s.tiles_per_split - 1) / s.tiles_per_split);
   return s;
 }
-
-// ---- work items to CTAs by cost ----
-// A flash kernel's items in scan order (request by request; within one, local = split x row_tiles + row tile)
-// go to its persistent CTAs as contiguous runs of about equal cost, so that a CTA holding several long items
-// does not keep the others waiting (item b % grid gave 2k T 1 b 64's busiest CTA 24 key tiles against a mean
-// of 16: docs/PERF_NOTES.md S31). An item's cost: its key tiles + 1 (the +1 for its prologue and epilogue, about
-// half a 64-key tile). The cost range [0, W) of a call is cut into kPlanBuckets buckets; item b belongs to the
-// bucket holding its cost start, CTA c of a grid of g takes buckets [c B / g, (c + 1) B / g). The first item
-// of bucket k is the first whose cost start is >= ceil(k W / B): so a plan stores the bucket starts without
-// knowing the grid. Which CTA runs an item changes no result (each item's arithmetic is its own).
-constexpr int kPlanBuckets = 1 << 14;
-// Key tiles of split `split` (the last range may be shorter).
-DDT_HD int64_t split_key_tiles(const SplitPlan& s, int64_t split) {
-  return split + 1 < s.splits ? s.tiles_per_split : s.key_tiles - int64_t(s.splits - 1) * s.tiles_per_split;
-}
-// The request's total cost (its items' key tiles + 1 each); 0 without rows.
-DDT_HD int64_t request_cost(const SplitPlan& s) { return int64_t(s.row_tiles) * (s.key_tiles + s.splits); }
-// The cost of the request's items before item `local` (0 .. row_tiles x splits).
-DDT_HD int64_t cost_before_item(const SplitPlan& s, int64_t local) {
-  if (local >= int64_t(s.row_tiles) * s.splits) return request_cost(s);
-  const int64_t split = local / s.row_tiles, t = local % s.row_tiles;
-  return split * s.row_tiles * (s.tiles_per_split + 1) + t * (split_key_tiles(s, split) + 1);
-}
-// The first item of the request whose cost start is >= x (row_tiles x splits if none).
-DDT_HD int64_t first_item_from_cost(const SplitPlan& s, int64_t x) {
-  const int64_t items = int64_t(s.row_tiles) * s.splits;
-  if (x <= 0) return 0;
-  if (x >= request_cost(s)) return items;
-  const int64_t full = int64_t(s.row_tiles) * (s.tiles_per_split + 1);  // one split's items but the last's
-  const int64_t split = x / full < s.splits - 1 ? x / full : s.splits - 1;
-  const int64_t each = split_key_tiles(s, split) + 1;
-  return split * s.row_tiles + (x - split * full + each - 1) / each;  // (row tile = row_tiles: the next split's)
-}
-// The cost start of bucket k (0 .. kPlanBuckets) of a call of total cost W: ceil(k W / B). (W < 2^45: at most
-// 2^24 rows / 64 + 65,535 row tiles of at most 2^26 + 1 key tiles each, plus one per item; k W < 2^59.)
-DDT_HD int64_t bucket_cost_start(int64_t k, int64_t total_cost) {
-  return (k * total_cost + kPlanBuckets - 1) / kPlanBuckets;
-}
-// CTA c's first bucket (c = grid: kPlanBuckets).
-DDT_HD int64_t cta_first_bucket(int64_t c, int64_t grid) { return c * kPlanBuckets / grid; }
 
 // Upper bounds over every device-data instance with these host-known capacities (max_keys bounds a valid
 // request's P + N): work items of the main kernel, partial rows of the workspace, combine items.
@@ -117,8 +75,8 @@ inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys) {
 constexpr int64_t kPartialRowBytes = int64_t(DDT_ATTN_DIM_V + 2) * 4;  // f32 o[512] + (m, l)
 
 // ---- the sm_90a kernel's per-step plan (ddt_verify_attn_sm90_plan_cuda) ----
-// Device memory: a PlanHeader, the cost buckets' first items, then PlanItem[capacity] in the order the main
-// kernel's scan would produce them (the CTAs take them by cost buckets, as in the scan). Made once per speculative step: it depends on batch, heads,
+// Device memory: a PlanHeader, then PlanItem[capacity] in the order the main kernel's scan would produce them
+// (item b goes to CTA b % grid, as in the scan). Made once per speculative step: it depends on batch, heads,
 // split_keys, the capacities and the contents of node_offsets, prefix_lens and page_table, not on q, kv_cache,
 // vis, softmax_scale or the outputs. The header repeats the scalars it was made for, so a planned call with
 // other scalars is caught on the device (every row poisoned, DDT_DATA_BAD_PLAN).
@@ -131,9 +89,9 @@ struct PlanHeader {
   int32_t rows_end;     // node_offsets[batch]: rows from here to total_nodes are padding
   int32_t pad;
   int64_t num_pages;
-  int64_t total_cost;   // the listed items' cost (see kPlanBuckets)
+  int64_t pad2;
 };
-static_assert(sizeof(PlanHeader) == 64, "64-byte header");
+static_assert(sizeof(PlanHeader) == 64, "64-byte header: items start 16-byte aligned");
 struct alignas(16) PlanItem {  // (16-byte aligned: two vector loads per record)
   int32_t r, local, partial_base;  // the scan's Item
   int32_t bad;                     // the request's shape or a page of the item's key range is bad
@@ -141,24 +99,12 @@ struct alignas(16) PlanItem {  // (16-byte aligned: two vector loads per record)
   int32_t first_page;              // physical page of the item's first key (bad items, empty ranges: 0)
 };
 static_assert(sizeof(PlanItem) == 32, "32-byte plan items");
-// After the header: int32 bucket_first[kPlanBuckets + 1] (the first item of each cost bucket, the last entry the
-// item count), then the items from byte kPlanItemsOffset.
-constexpr int64_t kPlanItemsOffset = (64 + (int64_t(kPlanBuckets) + 1) * 4 + 15) / 16 * 16;
-DDT_HD const int32_t* plan_bucket_first(const PlanHeader* h) { return reinterpret_cast<const int32_t*>(h + 1); }
-DDT_HD int32_t* plan_bucket_first(PlanHeader* h) { return reinterpret_cast<int32_t*>(h + 1); }
-DDT_HD const PlanItem* plan_items(const PlanHeader* h) {
-  return reinterpret_cast<const PlanItem*>(reinterpret_cast<const char*>(h) + kPlanItemsOffset);
-}
-DDT_HD PlanItem* plan_items(PlanHeader* h) {
-  return reinterpret_cast<PlanItem*>(reinterpret_cast<char*>(h) + kPlanItemsOffset);
-}
 // The plan buffer for these capacities: room for every item the sm_90a kernel can have (the 32-row bound
 // covers its 64-row items).
-inline int64_t plan_bytes(const Bounds& b) { return kPlanItemsOffset + b.items * int64_t(sizeof(PlanItem)); }
+inline int64_t plan_bytes(const Bounds& b) { return int64_t(sizeof(PlanHeader)) + b.items * int64_t(sizeof(PlanItem)); }
 // The header of a plan made for p and split_keys (the plan kernel's and its CPU twin's): `items` listed;
 // offsets_ok: node_offsets well formed (else nothing is listed and rows_end is 0).
-DDT_HD PlanHeader plan_header(const ddt_verify_attn_params& p, int split_keys, int32_t items, int64_t total_cost,
-                              bool offsets_ok) {
+DDT_HD PlanHeader plan_header(const ddt_verify_attn_params& p, int split_keys, int32_t items, bool offsets_ok) {
   PlanHeader h{};
   h.magic = kPlanMagic;
   h.batch = p.batch;
@@ -172,7 +118,6 @@ DDT_HD PlanHeader plan_header(const ddt_verify_attn_params& p, int split_keys, i
   h.offsets_bad = offsets_ok ? 0 : 1;
   h.rows_end = offsets_ok && p.batch > 0 ? p.node_offsets[p.batch] : 0;
   h.num_pages = p.num_pages;
-  h.total_cost = total_cost;
   return h;
 }
 // A plan argument of the entry points (who: the name for the message): non-null, 16-byte aligned, at least

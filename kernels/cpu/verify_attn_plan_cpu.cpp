@@ -3,9 +3,7 @@
 // walk over the requests in order. Item b of the plan is the b-th item of that walk: request r's items
 // local = split x row_tiles + row tile, 64-row tiles, each with the request's first workspace row (the partial rows
 // of the split requests before it), the page check over its key range and the physical page of its first key.
-// Bucket k's first item: the first whose cost start (the costs of the items before it) is >= ceil(k W / B).
 #include <cstdint>
-#include <vector>
 
 #include "kernels/common/validate.h"
 #include "kernels/common/verify_attn_index.h"
@@ -20,11 +18,10 @@ extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, in
   int64_t capacity = 0;
   if (int rc = check_plan(p, split_keys, plan, plan_bytes, "verify_attn_sm90_plan_cpu", &capacity)) return rc;
   constexpr int kRows = 64;  // the sm_90a kernel's rows per item
-  PlanItem* items = plan_items(static_cast<PlanHeader*>(plan));
-  std::vector<int64_t> cost_start;  // per item of the walk
+  auto* items = reinterpret_cast<PlanItem*>(static_cast<PlanHeader*>(plan) + 1);
   bool offsets_ok = true;
   for (int r = 0; r <= p->batch; ++r) offsets_ok = offsets_ok && offsets_entry_ok(*p, r);
-  int64_t b = 0, cost_of_previous = 0;
+  int64_t b = 0;
   if (offsets_ok) {
     int64_t partial_base = 0;
     for (int r = 0; r < p->batch; ++r) {
@@ -34,8 +31,6 @@ extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, in
       const SplitPlan sp = split_plan(shape_ok ? q.keys : 0, rows, split_keys, kRows);
       for (int split = 0; split < sp.splits; ++split)
         for (int t = 0; t < sp.row_tiles; ++t, ++b) {
-          cost_start.push_back(b > 0 ? cost_start.back() + cost_of_previous : 0);
-          cost_of_previous = split_key_tiles(sp, split) + 1;
           const int64_t kb = sp.splits > 1 ? int64_t(split) * split_keys : 0;
           const int64_t ke = sp.splits > 1 ? std::min<int64_t>(q.keys, kb + split_keys) : q.keys;
           bool bad = !shape_ok;
@@ -55,13 +50,6 @@ extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, in
       if (sp.splits > 1) partial_base += rows * sp.splits;
     }
   }
-  const int64_t total_cost = b > 0 ? cost_start.back() + cost_of_previous : 0;
-  int32_t* bucket_first = plan_bucket_first(static_cast<PlanHeader*>(plan));
-  int64_t first = 0;
-  for (int64_t k = 0; k <= kPlanBuckets; ++k) {
-    while (first < b && cost_start[size_t(first)] < bucket_cost_start(k, total_cost)) ++first;
-    bucket_first[k] = int32_t(first);
-  }
-  *static_cast<PlanHeader*>(plan) = plan_header(*p, split_keys, int32_t(b), total_cost, offsets_ok);
+  *static_cast<PlanHeader*>(plan) = plan_header(*p, split_keys, int32_t(b), offsets_ok);
   return DDT_OK;
 }

@@ -113,7 +113,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 constexpr int kWarps = 8;              // both flash kernels and the combine run 256-thread CTAs
 constexpr int kThreads = kWarps * 32;
-constexpr int kScanBufInts = 4 * kThreads;  // run_flash_items' scan: items, rows (int), cost (int64) per thread chunk
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -137,7 +136,6 @@ __device__ void fill_rows(const ddt_verify_attn_params& p, int64_t f_begin, int6
 struct Counts {
   int items;         // work items of this request in the kernel at hand
   int partial_rows;  // workspace rows of this request (rows x splits when split, else 0)
-  int64_t cost = 0;  // the main kernels: its items' cost (request_cost, kernels/common/verify_attn_split.h)
 };
 // Request r's rows (nodes x heads) and split plan (an invalid request: one unsplit item per row tile).
 struct RequestPlan {
@@ -156,7 +154,7 @@ struct MainCounts {
   int split_keys;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
     const RequestPlan rp = request_plan(p, r, split_keys, RowTile);
-    return {rp.s.row_tiles * rp.s.splits, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0, request_cost(rp.s)};
+    return {rp.s.row_tiles * rp.s.splits, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0};
   }
 };
 // The combine: per split request, one item per kWarps rows when the warp schedule takes it (at most
@@ -183,14 +181,11 @@ struct CombineCounts {
 // Block-wide inclusive scan of the counts over requests: thread i sums a contiguous chunk of requests
 // (node_offsets must be well formed, so every count and total fits in int: the host bounds them), then a
 // warp-shuffle scan and the warp totals (two barriers). s_items / s_rows [kThreads] receive the inclusive
-// prefix sums per thread chunk, and s_cost [kThreads] (unless null) those of the cost. Ends with a barrier.
-// Threads past the first kThreads (the sm_90a kernel's producer warpgroup, which instantiates it with kJoinOnly)
-// only take part in the barriers.
+// prefix sums per thread chunk. Ends with a barrier. Threads past the first kThreads (the sm_90a kernel's
+// producer warpgroup, which instantiates it with kJoinOnly) only take part in the barriers.
 template <bool kJoinOnly = false, class F>
-__device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows,
-                              int64_t* s_cost = nullptr) {
+__device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows) {
   __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps];
-  __shared__ int64_t s_warp_cost[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (kJoinOnly) {
     __syncthreads();
@@ -202,26 +197,22 @@ __device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_
   const int r_lo = scans && tid * per < p.batch ? tid * per : p.batch;
   const int r_hi = r_lo + per < p.batch ? r_lo + per : p.batch;
   int a = 0, b = 0;
-  int64_t cost = 0;
   for (int r = r_lo; r < r_hi; ++r) {
     const Counts c = counts(p, r);
     a += c.items;
     b += c.partial_rows;
-    cost += c.cost;
   }
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
     const int va = __shfl_up_sync(0xFFFFFFFFu, a, off), vb = __shfl_up_sync(0xFFFFFFFFu, b, off);
-    const int64_t vc = s_cost ? __shfl_up_sync(0xFFFFFFFFu, cost, off) : 0;
-    if (lane >= off) { a += va; b += vb; cost += vc; }
+    if (lane >= off) { a += va; b += vb; }
   }
-  if (scans && lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; s_warp_cost[warp] = cost; }
+  if (scans && lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; }
   __syncthreads();
   if (scans) {
-    for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; cost += s_warp_cost[w]; }
+    for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; }
     s_items[tid] = a;
     s_rows[tid] = b;
-    if (s_cost) s_cost[tid] = cost;
   }
   __syncthreads();
 }
@@ -253,41 +244,6 @@ __device__ Item locate_item(const ddt_verify_attn_params& p, F counts, const int
   return {-1, 0, 0};  // unreachable for b < total
 }
 
-// The first item (scan order) whose cost start is >= x, from a scan with costs (the total item count if none):
-// the thread chunk holding cost x (binary search), then a walk over its requests and first_item_from_cost.
-// Any thread may call it (no barrier).
-template <int RowTile>
-__device__ int first_item_at_cost(const ddt_verify_attn_params& p, int split_keys, const int* s_items,
-                                  const int64_t* s_cost, int64_t x) {
-  int lo = 0, hi = kThreads;  // first chunk whose inclusive cost exceeds x (kThreads: none)
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (s_cost[mid] > x) hi = mid; else lo = mid + 1;
-  }
-  if (lo == kThreads) return s_items[kThreads - 1];
-  int a0 = lo > 0 ? s_items[lo - 1] : 0;
-  int64_t c0 = lo > 0 ? s_cost[lo - 1] : 0;
-  const int per = (p.batch + kThreads - 1) / kThreads;
-  const int r_hi = min((lo + 1) * per, p.batch);
-  for (int r = lo * per; r < r_hi; ++r) {
-    const SplitPlan s = request_plan(p, r, split_keys, RowTile).s;
-    const int64_t c = request_cost(s);
-    if (x < c0 + c) return a0 + int(first_item_from_cost(s, x - c0));
-    a0 += s.row_tiles * s.splits;
-    c0 += c;
-  }
-  return a0;  // unreachable for x < the total cost
-}
-// This CTA's items [first, end) of the scan order: those starting in its cost buckets (kPlanBuckets).
-template <int RowTile>
-__device__ int2 cta_item_range(const ddt_verify_attn_params& p, int split_keys, const int* s_items,
-                               const int64_t* s_cost) {
-  const int64_t total_cost = s_cost[kThreads - 1];
-  const int64_t k0 = cta_first_bucket(blockIdx.x, gridDim.x), k1 = cta_first_bucket(blockIdx.x + 1, gridDim.x);
-  return make_int2(first_item_at_cost<RowTile>(p, split_keys, s_items, s_cost, bucket_cost_start(k0, total_cost)),
-                   first_item_at_cost<RowTile>(p, split_keys, s_items, s_cost, bucket_cost_start(k1, total_cost)));
-}
-
 // Every CTA of both kernels: is node_offsets well formed? (a block-wide OR; ends with a barrier)
 __device__ bool offsets_bad(const ddt_verify_attn_params& p) {
   bool bad = false;
@@ -312,12 +268,11 @@ __device__ __forceinline__ int* plan_words() {
   __shared__ int words[3];
   return words;
 }
-// Thread 32 reads the header and publishes it in plan_words (ends with a barrier). (Not a thread of warp 0,
-// whose first 16 threads wait on their items' bucket reads meanwhile.)
+// Thread 0 reads the header and publishes it in plan_words (ends with a barrier).
 __device__ void read_plan_header(const ddt_verify_attn_params& p, int split_keys, const PlanHeader* plan,
                                  int64_t capacity) {
   int* w = plan_words();
-  if (threadIdx.x == 32) {
+  if (threadIdx.x == 0) {
     const PlanHeader h = *plan;
     w[0] = int(plan_verdict(p, split_keys, h, capacity));
     w[1] = h.items;
@@ -662,26 +617,20 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 // The main-kernel body both flash kernels share, after their shared-memory setup: (1) node_offsets as a whole
 // (malformed: no row can be attributed; every CTA poisons a grid-strided share of all rows, CTA 0 sets the
-// status bit); (2) this CTA's items, a contiguous run of the scan order by cost (cta_item_range: its cost
-// buckets), in rounds of kMaxItemsPerCta (the scan lives in scan_buf, kScanBufInts ints that the items
-// overwrite, so each round redoes it and lists its items first; the grid is the resident CTAs or fewer, idle
-// CTAs cost one scan), process(item, planned record or null) for each; (3) padding rows [off[batch],
-// total_nodes) as 0 / -inf, grid-strided.
+// status bit); (2) this CTA's items blockIdx.x + j gridDim.x below the device-side total, in rounds of
+// kMaxItemsPerCta (the scan lives in scan_buf, 2 x kThreads ints that the items overwrite, so each round
+// redoes it and lists its items first; the grid is the resident CTAs or fewer, idle CTAs cost one scan),
+// process(item, planned record or null) for each; (3) padding rows [off[batch], total_nodes) as 0 / -inf,
+// grid-strided.
 // kPlanned (the sm_90a kernel's instantiation for planned calls; plan non-null): (1) and the scan come
-// from the plan instead: the header's verdict (read beside the CTA's two bucket entries) and the items listed in
-// scan order (read once the bucket entries are in: two round trips).
+// from the plan instead: the header's verdict (read beside the first round's items: one round trip) and the items
+// listed in scan order.
 // The CTA's item list of the current round. One array per CTA whatever run_flash_items is instantiated with
 // (a __shared__ variable inside the template would be one per instantiation: the sm_90a kernel's two roles
 // run two instantiations and must read the same list).
 __device__ __forceinline__ Item* round_items() {
   __shared__ Item s_list[kMaxItemsPerCta];
   return s_list;
-}
-// This CTA's items [x, y) of the scan order (written in round 0 by thread 0, read in later rounds by the
-// listing threads; kept in shared memory, not in registers, across the items). One per CTA like round_items.
-__device__ __forceinline__ int2& cta_range_slot() {
-  __shared__ int2 s_range;
-  return s_range;
 }
 // The planned records of the round's items (the sm_90a producer builds an item's geometry from them), one array
 // per CTA like round_items.
@@ -714,19 +663,11 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
   for (int64_t round = 0;; ++round) {
     __syncthreads();  // the previous round's items are done with the shared buffers and s_list
     if constexpr (kPlanned) {
-      // This round's records (loads issued before the header's verdict is known; round 0 reads the CTA's bucket
-      // entries first, clamped: a stale or unwritten plan must not send a read past the buffer).
-      int2 range = cta_range_slot();
-      if (!kJoinOnly && round == 0 && tid < kMaxItemsPerCta) {
-        const int32_t* bucket_first = plan_bucket_first(plan);
-        range = make_int2(bucket_first[cta_first_bucket(blockIdx.x, gridDim.x)],
-                          bucket_first[cta_first_bucket(blockIdx.x + 1, gridDim.x)]);
-        if (tid == 0) cta_range_slot() = range;
-      }
-      const int64_t b = int64_t(range.x) + round * kMaxItemsPerCta + tid;
+      // This round's records (loads issued before the header's verdict is known: one round trip in all).
+      const PlanItem* items = reinterpret_cast<const PlanItem*>(plan + 1);
+      const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
       PlanItem rec{-1, 0, 0, 0, 0, 0, 0, 0};
-      const bool listed = b >= 0 && b < range.y && b < plan_capacity;
-      if (!kJoinOnly && tid < kMaxItemsPerCta && listed) rec = plan_items(plan)[b];
+      if (!kJoinOnly && tid < kMaxItemsPerCta && b < plan_capacity) rec = items[b];
       if (round == 0) {
         read_plan_header(p, split_keys, plan, plan_capacity);
         if (const uint32_t verdict = uint32_t(plan_words()[0])) {
@@ -736,25 +677,20 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
         DDT_PROF_CTA(8, true);
       }
       if (!kJoinOnly && tid < kMaxItemsPerCta) {
-        const bool in = listed && b < plan_words()[1];
+        const bool in = b < plan_words()[1];
         s_list[tid] = in ? Item{rec.r, rec.local, rec.partial_base} : Item{-1, 0, 0};
         round_plan()[tid] = rec;
       }
     } else {
       int* s_items = scan_buf;
       int* s_rows = s_items + kThreads;
-      int64_t* s_cost = reinterpret_cast<int64_t*>(s_rows + kThreads);
-      scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, s_cost);
+      scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
       DDT_PROF_CTA(8, true);
+      const int total = s_items[kThreads - 1];
       if (!kJoinOnly && tid < kMaxItemsPerCta) {
-        int2 range = cta_range_slot();
-        if (round == 0) {
-          range = cta_item_range<RowTile>(p, split_keys, s_items, s_cost);
-          if (tid == 0) cta_range_slot() = range;
-        }
-        const int64_t b = int64_t(range.x) + round * kMaxItemsPerCta + tid;
+        const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
         s_list[tid] =
-            b < range.y ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+            b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
       }
     }
     __syncthreads();
@@ -767,7 +703,7 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
       if constexpr (kPlanned) rec = round_plan() + k;
       process(item, rec);
     }
-    // A list that did not fill (its items are the next of the CTA's run) was this CTA's last:
+    // A list that did not fill (its items are blockIdx.x + j gridDim.x in increasing j) was this CTA's last:
     // leave without another scan (uniform: items never write s_list; every role reads the same entry). The
     // barrier keeps the sm_90a kernel's producer warpgroup, whose last copies may still be in flight, alive
     // until the math warps are done with them (as the next round's first barrier did before).

@@ -81,7 +81,7 @@ constexpr int kCtaThreads = kThreads + 128;   // + the producer warpgroup
 static_assert(kThreads == 256 && kRows * 4 == kThreads, "Q loader: 4 threads per row, 16 chunks each");
 static_assert(kCtaThreads - kThreads == 2 * kRows, "cp.async KV loader: 2 producer threads per key row");
 static_assert(kDimQK == 576 && kDimV == 512, "tiling assumes 512 latent + 64 rope dims");
-static_assert(2 * kPBytes >= kScanBufInts * 4, "the request scan (kScanBufInts) fits the P buffers");
+static_assert(2 * kPBytes >= 2 * kThreads * 4, "the request scan (2 x 256 int) fits the P buffers");
 // The narrow path (requests of at most kNarrowRows rows; process_narrow): rows are wgmma's N. Its buffers
 // live in the wide path's Q region (the item's first math_bar separates items of either path):
 constexpr int kNarrowRows = 16;                      // wgmma N: T 1 at H 8 / 16, T 2 at H 8
@@ -1120,23 +1120,18 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
 // The per-step plan (ddt_verify_attn_sm90_plan_cuda): what every CTA of an unplanned call works out before its
 // first copy, done once. Each CTA checks node_offsets and scans the requests as the main kernel does (the scan
 // is per CTA, O(batch)); item b (grid-strided over threads) gets its record: the scan's Item, the request's
-// scalars, the page check over its key range (item_bad's, one thread) and the first tile's page; bucket k (the
-// same threads) its first item. CTA 0 writes the header last among its own writes; the main kernel reads the
-// plan only after this kernel has finished.
+// scalars, the page check over its key range (item_bad's, one thread) and the first tile's page. CTA 0 writes
+// the header last among its own writes; the main kernel reads the plan only after this kernel has finished.
 // (Any architecture: no sm_90a instruction.)
 __global__ void __launch_bounds__(kThreads)
     verify_attn_sm90_plan_kernel(ddt_verify_attn_params p, int split_keys, PlanHeader* plan, int64_t capacity) {
   __shared__ int s_items[kThreads], s_rows[kThreads];
-  __shared__ int64_t s_cost[kThreads];
-  PlanItem* items = plan_items(plan);
-  int32_t* bucket_first = plan_bucket_first(plan);
+  PlanItem* items = reinterpret_cast<PlanItem*>(plan + 1);
   const bool offsets_malformed = offsets_bad(p);
   int total = 0;
-  int64_t total_cost = 0;
   if (!offsets_malformed) {
-    scan_requests(p, MainCounts<kRows>{split_keys}, s_items, s_rows, s_cost);
+    scan_requests(p, MainCounts<kRows>{split_keys}, s_items, s_rows);
     total = s_items[kThreads - 1];
-    total_cost = s_cost[kThreads - 1];
     for (int64_t b = int64_t(blockIdx.x) * kThreads + threadIdx.x; b < total && b < capacity;
          b += int64_t(gridDim.x) * kThreads) {
       const Item item = locate_item(p, MainCounts<kRows>{split_keys}, s_items, s_rows, int(b));
@@ -1154,13 +1149,9 @@ __global__ void __launch_bounds__(kThreads)
       items[b] = rec;
     }
   }
-  // Malformed node_offsets: nothing listed, every bucket starts at item 0.
-  for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k <= kPlanBuckets; k += int64_t(gridDim.x) * kThreads)
-    bucket_first[k] = offsets_malformed ? 0 : first_item_at_cost<kRows>(p, split_keys, s_items, s_cost,
-                                                                        bucket_cost_start(k, total_cost));
   // (total > capacity cannot happen for a plan sized by ddt_verify_attn_sm90_plan_bytes; if it did, the items
   // count is left past the capacity and the planned call refuses the plan: DDT_DATA_BAD_PLAN)
-  if (blockIdx.x == 0 && threadIdx.x == 0) *plan = plan_header(p, split_keys, total, total_cost, !offsets_malformed);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *plan = plan_header(p, split_keys, total, !offsets_malformed);
 }
 
 // Per device, once: compute capability 9.0, a body in the loaded image, the dynamic shared-memory opt-in and
@@ -1346,13 +1337,9 @@ extern "C" int ddt_verify_attn_sm90_plan_cuda(const ddt_verify_attn_params* p, i
   if (int rc = attn::check_plan(p, split_keys, plan, plan_bytes, "verify_attn_sm90_plan", &capacity)) return rc;
   const attn::FlashDeviceInfo dev = attn::device_info();
   if (int rc = attn::check_sm90_device(dev)) return rc;
-  // One CTA per 256 items of the bound and at least 16 (the 16,385 bucket entries: 4 per thread), at most one
-  // wave (each CTA repeats the O(batch) check and scan).
+  // One CTA per 256 items of the bound, at most one wave (each CTA repeats the O(batch) check and scan).
   const int64_t items = attn::capacity_bounds(*p, split_keys).items;
-  const int64_t grid = std::max<int64_t>(
-      1, std::min<int64_t>(std::max<int64_t>((items + attn::kThreads - 1) / attn::kThreads,
-                                             (attn::kPlanBuckets + 1 + 4 * attn::kThreads - 1) / (4 * attn::kThreads)),
-                           dev.sms));
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + attn::kThreads - 1) / attn::kThreads, dev.sms));
   attn::verify_attn_sm90_plan_kernel<<<unsigned(grid), attn::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       *p, split_keys, static_cast<attn::PlanHeader*>(plan), capacity);
   DDT_CUDA_LAUNCHED();
