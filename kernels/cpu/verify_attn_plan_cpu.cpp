@@ -1,8 +1,10 @@
 // CPU twin of the sm_90a kernel's per-step plan (ddt_verify_attn_sm90_plan_cuda, kernels/cuda/verify_attn_sm90.cu;
 // layout in kernels/common/verify_attn_split.h): the same header and item records, byte for byte, from a plain
-// walk over the requests in order. Item b of the plan is the b-th item of that walk: request r's items
-// local = split x row_tiles + row tile, 64-row tiles, each with the request's first workspace row (the partial rows
-// of the split requests before it), the page check over its key range and the physical page of its first key.
+// walk over the requests in order, twice: first every request's items of its leading splits (0 .. splits - 2),
+// then every request's last split (kernels/cuda/verify_attn_sched.cuh, MainCounts). Item b of the plan is the b-th
+// item of that walk: request r's items local = split x row_tiles + row tile, 64-row tiles, each with the request's
+// first workspace row (the partial rows of the split requests before it), the page check over its key range and
+// the physical page of its first key.
 #include <cstdint>
 
 #include "kernels/common/validate.h"
@@ -22,14 +24,14 @@ extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, in
   bool offsets_ok = true;
   for (int r = 0; r <= p->batch; ++r) offsets_ok = offsets_ok && offsets_entry_ok(*p, r);
   int64_t b = 0;
-  if (offsets_ok) {
+  for (int last = 0; offsets_ok && last < 2; ++last) {  // the leading splits' items, then the last splits'
     int64_t partial_base = 0;
     for (int r = 0; r < p->batch; ++r) {
       const Request q = make_request(*p, r);
       const int64_t rows = int64_t(q.nodes) * p->heads;
       const bool shape_ok = request_shape_ok(*p, q);
       const SplitPlan sp = split_plan(shape_ok ? q.keys : 0, rows, split_keys, kRows);
-      for (int split = 0; split < sp.splits; ++split)
+      for (int split = last ? sp.splits - 1 : 0; split < (last ? sp.splits : sp.splits - 1); ++split)
         for (int t = 0; t < sp.row_tiles; ++t, ++b) {
           const int64_t kb = sp.splits > 1 ? int64_t(split) * split_keys : 0;
           const int64_t ke = sp.splits > 1 ? std::min<int64_t>(q.keys, kb + split_keys) : q.keys;

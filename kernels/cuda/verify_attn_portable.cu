@@ -78,7 +78,7 @@ constexpr int kSmemStatic = kMaxItemsPerCta * 16 + 16;        //    272 static (
 static_assert(kSmemBytes + kSmemStatic + 128 <= 99 * 1024,
               "sm_120 (and sm_86/89) allow at most 99 KB of shared memory per CTA, static + dynamic");
 static_assert(kKvTileBytes % 128 == 0 && kSmemSp % 16 == 0 && kSmemP % 16 == 0, "16-byte aligned sections");
-static_assert(kSmemSp >= 2 * kThreads * 4, "the request scan fits the partial-score buffer");
+static_assert(kSmemSp >= kScanBufInts * 4, "the request scan fits the partial-score buffer");
 
 // ---- PTX wrappers (sm_80+) ----
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

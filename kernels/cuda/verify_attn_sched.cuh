@@ -113,6 +113,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 constexpr int kWarps = 8;              // both flash kernels and the combine run 256-thread CTAs
 constexpr int kThreads = kWarps * 32;
+constexpr int kScanBufInts = 3 * kThreads;  // run_flash_items' scan: lead items, last-split items, partial rows
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -134,8 +135,9 @@ __device__ void fill_rows(const ddt_verify_attn_params& p, int64_t f_begin, int6
 
 // ---- scheduling: per-request item counts, a block scan over requests, item lookup ----
 struct Counts {
-  int items;         // work items of this request in the kernel at hand
-  int partial_rows;  // workspace rows of this request (rows x splits when split, else 0)
+  int items;           // work items of this request in the kernel at hand (the main kernels: of its leading splits)
+  int partial_rows;    // workspace rows of this request (rows x splits when split, else 0)
+  int tail_items = 0;  // the main kernels: the items of its last split (listed after every request's leading ones)
 };
 // Request r's rows (nodes x heads) and split plan (an invalid request: one unsplit item per row tile).
 struct RequestPlan {
@@ -148,13 +150,16 @@ __device__ __forceinline__ RequestPlan request_plan(const ddt_verify_attn_params
   const int64_t rows = int64_t(q.nodes) * p.heads;
   return {rows, split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, row_tile)};
 }
-// A flash kernel with row tiles of RowTile rows: row_tiles x splits items per request.
+// A flash kernel with row tiles of RowTile rows: row_tiles x splits items per request, local = split x row_tiles +
+// row tile. The scan order lists every request's leading splits (0 .. splits - 2) first, request by request, then
+// every request's last split: the last split is the short one (its keys up to P + N), and listed among the
+// full ones it gave some CTAs (item b goes to CTA b % grid) a long item more than others (docs/PERF_NOTES.md S32).
 template <int RowTile>
 struct MainCounts {
   int split_keys;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
     const RequestPlan rp = request_plan(p, r, split_keys, RowTile);
-    return {rp.s.row_tiles * rp.s.splits, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0};
+    return {rp.s.row_tiles * (rp.s.splits - 1), rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0, rp.s.row_tiles};
   }
 };
 // The combine: per split request, one item per kWarps rows when the warp schedule takes it (at most
@@ -181,11 +186,13 @@ struct CombineCounts {
 // Block-wide inclusive scan of the counts over requests: thread i sums a contiguous chunk of requests
 // (node_offsets must be well formed, so every count and total fits in int: the host bounds them), then a
 // warp-shuffle scan and the warp totals (two barriers). s_items / s_rows [kThreads] receive the inclusive
-// prefix sums per thread chunk. Ends with a barrier. Threads past the first kThreads (the sm_90a kernel's
-// producer warpgroup, which instantiates it with kJoinOnly) only take part in the barriers.
+// prefix sums per thread chunk, and s_tail [kThreads] (the main kernels' scan) those of tail_items. Ends with a
+// barrier. Threads past the first kThreads (the sm_90a kernel's producer warpgroup, which instantiates it with
+// kJoinOnly) only take part in the barriers.
 template <bool kJoinOnly = false, class F>
-__device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows) {
-  __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps];
+__device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_items, int* s_rows,
+                              int* s_tail = nullptr) {
+  __shared__ int s_warp_items[kWarps], s_warp_rows[kWarps], s_warp_tail[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (kJoinOnly) {
     __syncthreads();
@@ -196,25 +203,32 @@ __device__ void scan_requests(const ddt_verify_attn_params& p, F counts, int* s_
   const int per = (p.batch + kThreads - 1) / kThreads;
   const int r_lo = scans && tid * per < p.batch ? tid * per : p.batch;
   const int r_hi = r_lo + per < p.batch ? r_lo + per : p.batch;
-  int a = 0, b = 0;
+  int a = 0, b = 0, t = 0;
   for (int r = r_lo; r < r_hi; ++r) {
     const Counts c = counts(p, r);
     a += c.items;
     b += c.partial_rows;
+    t += c.tail_items;
   }
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
-    const int va = __shfl_up_sync(0xFFFFFFFFu, a, off), vb = __shfl_up_sync(0xFFFFFFFFu, b, off);
-    if (lane >= off) { a += va; b += vb; }
+    const int va = __shfl_up_sync(0xFFFFFFFFu, a, off), vb = __shfl_up_sync(0xFFFFFFFFu, b, off),
+              vt = __shfl_up_sync(0xFFFFFFFFu, t, off);
+    if (lane >= off) { a += va; b += vb; t += vt; }
   }
-  if (scans && lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; }
+  if (scans && lane == 31) { s_warp_items[warp] = a; s_warp_rows[warp] = b; s_warp_tail[warp] = t; }
   __syncthreads();
   if (scans) {
-    for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; }
+    for (int w = 0; w < warp; ++w) { a += s_warp_items[w]; b += s_warp_rows[w]; t += s_warp_tail[w]; }
     s_items[tid] = a;
     s_rows[tid] = b;
+    if (s_tail) s_tail[tid] = t;
   }
   __syncthreads();
+}
+// The main kernels' item count from their scan: every request's leading items, then every last split's.
+__device__ __forceinline__ int scanned_main_items(const int* s_items, const int* s_tail) {
+  return s_items[kThreads - 1] + s_tail[kThreads - 1];
 }
 
 struct Item {
@@ -223,22 +237,28 @@ struct Item {
   int partial_base;  // the request's first workspace row
 };
 // Item b (< total) from the scan: the thread chunk holding it (binary search), then a walk over the
-// chunk's requests. Any thread may call it (no barrier).
+// chunk's requests. With s_tail (the main kernels' scan), b past the leading items is the (b - lead)-th
+// last-split item, local = the request's leading items + its index in the last split. Any thread may call it
+// (no barrier).
 template <class F>
 __device__ Item locate_item(const ddt_verify_attn_params& p, F counts, const int* s_items, const int* s_rows,
-                            int b) {
+                            int b, const int* s_tail = nullptr) {
+  const bool tail = s_tail && b >= s_items[kThreads - 1];
+  const int* s_count = tail ? s_tail : s_items;
+  if (tail) b -= s_items[kThreads - 1];
   int lo = 0, hi = kThreads - 1;  // first chunk whose inclusive count exceeds b
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    if (s_items[mid] > b) hi = mid; else lo = mid + 1;
+    if (s_count[mid] > b) hi = mid; else lo = mid + 1;
   }
-  int a0 = lo > 0 ? s_items[lo - 1] : 0, b0 = lo > 0 ? s_rows[lo - 1] : 0;
+  int a0 = lo > 0 ? s_count[lo - 1] : 0, b0 = lo > 0 ? s_rows[lo - 1] : 0;
   const int per = (p.batch + kThreads - 1) / kThreads;
   const int r_hi = min((lo + 1) * per, p.batch);
   for (int r = lo * per; r < r_hi; ++r) {
     const Counts c = counts(p, r);
-    if (b < a0 + c.items) return {r, b - a0, b0};
-    a0 += c.items;
+    const int n = tail ? c.tail_items : c.items;
+    if (b < a0 + n) return {r, (tail ? c.items : 0) + b - a0, b0};
+    a0 += n;
     b0 += c.partial_rows;
   }
   return {-1, 0, 0};  // unreachable for b < total
@@ -618,7 +638,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 // The main-kernel body both flash kernels share, after their shared-memory setup: (1) node_offsets as a whole
 // (malformed: no row can be attributed; every CTA poisons a grid-strided share of all rows, CTA 0 sets the
 // status bit); (2) this CTA's items blockIdx.x + j gridDim.x below the device-side total, in rounds of
-// kMaxItemsPerCta (the scan lives in scan_buf, 2 x kThreads ints that the items overwrite, so each round
+// kMaxItemsPerCta (the scan lives in scan_buf, kScanBufInts ints that the items overwrite, so each round
 // redoes it and lists its items first; the grid is the resident CTAs or fewer, idle CTAs cost one scan),
 // process(item, planned record or null) for each; (3) padding rows [off[batch], total_nodes) as 0 / -inf,
 // grid-strided.
@@ -684,13 +704,14 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
     } else {
       int* s_items = scan_buf;
       int* s_rows = s_items + kThreads;
-      scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows);
+      int* s_tail = s_rows + kThreads;
+      scan_requests<kJoinOnly>(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, s_tail);
       DDT_PROF_CTA(8, true);
-      const int total = s_items[kThreads - 1];
       if (!kJoinOnly && tid < kMaxItemsPerCta) {
+        const int total = scanned_main_items(s_items, s_tail);
         const int64_t b = int64_t(blockIdx.x) + (round * kMaxItemsPerCta + tid) * int64_t(gridDim.x);
-        s_list[tid] =
-            b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b)) : Item{-1, 0, 0};
+        s_list[tid] = b < total ? locate_item(p, MainCounts<RowTile>{split_keys}, s_items, s_rows, int(b), s_tail)
+                                : Item{-1, 0, 0};
       }
     }
     __syncthreads();

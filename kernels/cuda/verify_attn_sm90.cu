@@ -81,7 +81,7 @@ constexpr int kCtaThreads = kThreads + 128;   // + the producer warpgroup
 static_assert(kThreads == 256 && kRows * 4 == kThreads, "Q loader: 4 threads per row, 16 chunks each");
 static_assert(kCtaThreads - kThreads == 2 * kRows, "cp.async KV loader: 2 producer threads per key row");
 static_assert(kDimQK == 576 && kDimV == 512, "tiling assumes 512 latent + 64 rope dims");
-static_assert(2 * kPBytes >= 2 * kThreads * 4, "the request scan (2 x 256 int) fits the P buffers");
+static_assert(2 * kPBytes >= kScanBufInts * 4, "the request scan (kScanBufInts) fits the P buffers");
 // The narrow path (requests of at most kNarrowRows rows; process_narrow): rows are wgmma's N. Its buffers
 // live in the wide path's Q region (the item's first math_bar separates items of either path):
 constexpr int kNarrowRows = 16;                      // wgmma N: T 1 at H 8 / 16, T 2 at H 8
@@ -1125,16 +1125,16 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
 // (Any architecture: no sm_90a instruction.)
 __global__ void __launch_bounds__(kThreads)
     verify_attn_sm90_plan_kernel(ddt_verify_attn_params p, int split_keys, PlanHeader* plan, int64_t capacity) {
-  __shared__ int s_items[kThreads], s_rows[kThreads];
+  __shared__ int s_items[kThreads], s_rows[kThreads], s_tail[kThreads];
   PlanItem* items = reinterpret_cast<PlanItem*>(plan + 1);
   const bool offsets_malformed = offsets_bad(p);
   int total = 0;
   if (!offsets_malformed) {
-    scan_requests(p, MainCounts<kRows>{split_keys}, s_items, s_rows);
-    total = s_items[kThreads - 1];
+    scan_requests(p, MainCounts<kRows>{split_keys}, s_items, s_rows, s_tail);
+    total = scanned_main_items(s_items, s_tail);
     for (int64_t b = int64_t(blockIdx.x) * kThreads + threadIdx.x; b < total && b < capacity;
          b += int64_t(gridDim.x) * kThreads) {
-      const Item item = locate_item(p, MainCounts<kRows>{split_keys}, s_items, s_rows, int(b));
+      const Item item = locate_item(p, MainCounts<kRows>{split_keys}, s_items, s_rows, int(b), s_tail);
       const ItemGeom g = item_geom(p, split_keys, item, make_request(p, item.r));
       const bool bad = item_pages_bad(p, g, 0, 1);
       PlanItem rec;

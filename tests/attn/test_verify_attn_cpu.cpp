@@ -450,8 +450,9 @@ namespace {
 // The plan kernel's CPU twin (ddt_verify_attn_sm90_plan_cpu) on a hand-counted batch: r0 P 600 N 2 (16 rows, 602
 // keys: 2 splits at 512, 1 row tile), r1 P 10 N 1 (11 keys: unsplit), r2 P 1000 N 9 (72 rows: 2 row tiles, 1009
 // keys: 2 splits) with a bad page in r2's second split. Items in order (request, split x row_tiles + tile, the
-// request's first workspace row): (0,0,0) (0,1,0) (1,0,32) (2,0,32) (2,1,32) (2,2,32) (2,3,32); r2's split-1
-// items bad. Also: a malformed node_offsets (header only), and the argument errors.
+// request's first workspace row), the leading splits' first, then every request's last split: (0,0,0) (2,0,32)
+// (2,1,32), then (0,1,0) (1,0,32) (2,2,32) (2,3,32); r2's split-1 items bad. Also: a malformed node_offsets
+// (header only), and the argument errors.
 TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   using namespace ddtree::kern::attn;
   Options o;
@@ -479,8 +480,8 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   EXPECT_EQ(h.offsets_bad, 0);
   EXPECT_EQ(h.rows_end, 12);
   ASSERT_EQ(h.items, 7);
-  const int want[7][4] = {{0, 0, 0, 0}, {0, 1, 0, 0}, {1, 0, 32, 0}, {2, 0, 32, 0}, {2, 1, 32, 0}, {2, 2, 32, 1}, {2, 3, 32, 1}};
-  const int64_t first_key[7] = {0, 512, 0, 0, 0, 512, 512};
+  const int want[7][4] = {{0, 0, 0, 0}, {2, 0, 32, 0}, {2, 1, 32, 0}, {0, 1, 0, 0}, {1, 0, 32, 0}, {2, 2, 32, 1}, {2, 3, 32, 1}};
+  const int64_t first_key[7] = {0, 0, 0, 512, 0, 512, 512};
   for (int b = 0; b < 7; ++b) {
     SCOPED_TRACE("item " + std::to_string(b));
     EXPECT_EQ(it[b].r, want[b][0]);
@@ -512,6 +513,70 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 512, reinterpret_cast<char*>(buf.data()) + 8, bytes), DDT_ERR_ALIGN);
   EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 512, buf.data(), bytes - 1), DDT_ERR_SHAPE);
   EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&prm, 48, buf.data(), bytes), DDT_ERR_SHAPE);
+}
+
+// The plan's order balances the persistent CTAs (item b runs on CTA b % grid; docs/PERF_NOTES.md S32): 2k T 1 b 64
+// at split_keys 512 (2,049 keys per request: 4 splits of 8 64-key tiles and a last one of 1) on 132 CTAs. Listing
+// every last split after the full ones leaves the busiest CTA 2 full items and one last one (17 tiles, mean 16);
+// the request-major order it replaced gave 3 full items (24 tiles) to some. (Only the indices are read: every
+// request aliases the same 33 pages.)
+TEST(VerifyAttnPlanCpu, LastSplitsAfterTheFullOnesBalanceTheCtas) {
+  using namespace ddtree::kern::attn;
+  const int batch = 64, heads = 8, grid = 132, pages = 33;
+  std::vector<int32_t> page_table(size_t(batch) * pages), prefix(batch, 2048), offsets(batch + 1);
+  for (int r = 0; r < batch; ++r)
+    for (int k = 0; k < pages; ++k) page_table[size_t(r) * pages + k] = k;
+  for (int r = 0; r <= batch; ++r) offsets[r] = r;
+  std::vector<uint16_t> dummy16(16);
+  std::vector<uint64_t> vis(batch, 1);
+  std::vector<float> lse(16);
+  uint32_t status = 0;
+  ddt_verify_attn_params p{};
+  p.q = dummy16.data();
+  p.kv_cache = dummy16.data();
+  p.page_table = page_table.data();
+  p.prefix_lens = prefix.data();
+  p.node_offsets = offsets.data();
+  p.vis = vis.data();
+  p.batch = batch;
+  p.total_nodes = batch;
+  p.heads = heads;
+  p.page_size = 64;
+  p.max_pages = pages;
+  p.num_pages = pages;
+  p.vis_words = 1;
+  p.softmax_scale = 0.04f;
+  p.out = dummy16.data();
+  p.lse = lse.data();
+  p.status = &status;
+  size_t bytes = 0;
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&p, 512, &bytes), DDT_OK);
+  std::vector<PlanItem> buf(bytes / sizeof(PlanItem) + 2);
+  ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&p, 512, buf.data(), bytes), DDT_OK);
+  const PlanHeader& h = *reinterpret_cast<const PlanHeader*>(buf.data());
+  const PlanItem* it = reinterpret_cast<const PlanItem*>(&h + 1);
+  ASSERT_EQ(h.items, batch * 5);
+  std::vector<int> tiles_listed, tiles_request_major(size_t(h.items));
+  for (int b = 0; b < h.items; ++b) {
+    const int tiles = it[b].local < 4 ? 8 : 1;  // one row tile: local = split
+    tiles_listed.push_back(tiles);
+    tiles_request_major[size_t(it[b].r) * 5 + size_t(it[b].local)] = tiles;
+    if (b < batch * 4) {
+      ASSERT_LT(it[b].local, 4) << "item " << b << ": the full splits first";
+    } else {
+      ASSERT_EQ(it[b].local, 4) << "item " << b;
+      ASSERT_EQ(it[b].r, b - batch * 4) << "then the last splits, request by request";
+    }
+  }
+  auto busiest = [&](const std::vector<int>& tiles) {
+    std::vector<int> load(grid, 0);
+    for (size_t b = 0; b < tiles.size(); ++b) load[b % grid] += tiles[b];
+    return *std::max_element(load.begin(), load.end());
+  };
+  std::printf("  2k T 1 b 64 on %d CTAs: busiest CTA %d key tiles (request-major order: %d; mean %.1f)\n", grid,
+              busiest(tiles_listed), busiest(tiles_request_major), 64.0 * 33 / grid);
+  EXPECT_EQ(busiest(tiles_listed), 17);
+  EXPECT_EQ(busiest(tiles_request_major), 24);
 }
 
 }  // namespace
