@@ -52,6 +52,15 @@ DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_
   return s;
 }
 
+// Scan order of the flash kernels' items (kernels/cuda/verify_attn_sched.cuh, MainCounts): a request of at most
+// kLastSplitLastRows rows (T x H <= 128) lists its last split after every request's other items; a larger one
+// keeps its splits together, request-major. The last split is the short one: listed among the full ones, item
+// b % grid gave some CTAs a full item more than others (2k T 1 b 64: 24 key tiles against a mean of 16). A request
+// of many row tiles keeps them together instead: its items already mix, and a split moved away re-reads the
+// request's Q (rows x 1,152 B) from DRAM; measured 3-6% slower at 512-8k T >= 32 (docs/PERF_NOTES.md S32).
+constexpr int64_t kLastSplitLastRows = 128;
+DDT_HD bool last_split_listed_last(int64_t rows) { return rows <= kLastSplitLastRows; }
+
 // Upper bounds over every device-data instance with these host-known capacities (max_keys bounds a valid
 // request's P + N): work items of the main kernel, partial rows of the workspace, combine items.
 struct Bounds {

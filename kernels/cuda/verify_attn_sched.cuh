@@ -151,15 +151,16 @@ __device__ __forceinline__ RequestPlan request_plan(const ddt_verify_attn_params
   return {rows, split_plan(request_shape_ok(p, q) ? q.keys : 0, rows, split_keys, row_tile)};
 }
 // A flash kernel with row tiles of RowTile rows: row_tiles x splits items per request, local = split x row_tiles +
-// row tile. The scan order lists every request's leading splits (0 .. splits - 2) first, request by request, then
-// every request's last split: the last split is the short one (its keys up to P + N), and listed among the
-// full ones it gave some CTAs (item b goes to CTA b % grid) a long item more than others (docs/PERF_NOTES.md S32).
+// row tile. The scan order lists every request's leading items first, request by request, then the last split's
+// items of the requests that list it last (last_split_listed_last: T x H <= 128), request by request; item b
+// runs on CTA b % grid (kernels/common/verify_attn_split.h, docs/PERF_NOTES.md S32).
 template <int RowTile>
 struct MainCounts {
   int split_keys;
   __device__ Counts operator()(const ddt_verify_attn_params& p, int r) const {
     const RequestPlan rp = request_plan(p, r, split_keys, RowTile);
-    return {rp.s.row_tiles * (rp.s.splits - 1), rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0, rp.s.row_tiles};
+    const int tail = last_split_listed_last(rp.rows) ? rp.s.row_tiles : 0;
+    return {rp.s.row_tiles * rp.s.splits - tail, rp.s.splits > 1 ? int(rp.rows * rp.s.splits) : 0, tail};
   }
 };
 // The combine: per split request, one item per kWarps rows when the warp schedule takes it (at most

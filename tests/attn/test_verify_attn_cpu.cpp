@@ -500,6 +500,24 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   EXPECT_EQ(it[3].local, 1);  // (r2, row tile 1)
   EXPECT_EQ(it[3].bad, 1);  // r2's whole key range includes the bad page
   EXPECT_EQ(it[3].partial_base, 0);
+  // A request of more than 128 rows (r1: 17 nodes x 8 heads, 3 row tiles, 617 keys: 2 splits) keeps its splits
+  // together, request-major; r0 (16 rows, 602 keys) lists its last split after everything else.
+  {
+    Problem big = make_problem(6, {{600, 2, Shape::kChain}, {600, 17, Shape::kBushy}}, o);
+    const ddt_verify_attn_params pbig = big.host_params(out.data(), lse.data(), &status);
+    size_t big_bytes = 0;
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&pbig, 512, &big_bytes), DDT_OK);
+    std::vector<PlanItem> big_buf(big_bytes / sizeof(PlanItem) + 2);
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pbig, 512, big_buf.data(), big_bytes), DDT_OK);
+    const PlanHeader& hb = *reinterpret_cast<const PlanHeader*>(big_buf.data());
+    const PlanItem* ib = reinterpret_cast<const PlanItem*>(&hb + 1);
+    ASSERT_EQ(hb.items, 8);
+    const int order[8][2] = {{0, 0}, {1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {0, 1}};
+    for (int b = 0; b < 8; ++b) {
+      EXPECT_EQ(ib[b].r, order[b][0]) << "item " << b;
+      EXPECT_EQ(ib[b].local, order[b][1]) << "item " << b;
+    }
+  }
   // Malformed node_offsets: the header says so and lists nothing.
   Problem bad_off = pb;
   bad_off.offsets[2] = bad_off.offsets[1] - 1;
