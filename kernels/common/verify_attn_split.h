@@ -58,6 +58,8 @@ DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_
 // b % grid gave some CTAs a full item more than others (2k T 1 b 64: 24 key tiles against a mean of 16). A request
 // of many row tiles keeps them together instead: its items already mix, and a split moved away re-reads the
 // request's Q (rows x 1,152 B) from DRAM; measured 3-6% slower at 512-8k T >= 32 (docs/PERF_NOTES.md S32).
+// A request of one split (P + N <= split_keys, or split_keys 0) is all last split: with split_keys 0 the
+// requests of more than 128 rows come first, then the others (a longest-first order; not measured).
 constexpr int64_t kLastSplitLastRows = 128;
 DDT_HD bool last_split_listed_last(int64_t rows) { return rows <= kLastSplitLastRows; }
 

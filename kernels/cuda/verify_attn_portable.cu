@@ -15,10 +15,12 @@
 //    2 split_keys, ... (kernels/common/verify_attn_split.h: batch invariant, and a chain node equals the
 //    single-node decode bitwise); the partial results (f32 o, running max m, sum l per row) go to the
 //    caller's workspace and verify_attn_combine_kernel merges them in a fixed order.
-//  - Work item = (request, split, row tile), numbered request-major, then split, then tile (the tiles of
-//    one split are neighbours in time: they share its KV tiles through L2). Persistent CTAs: every CTA scans
-//    the per-request item counts (device data: node_offsets, prefix_lens) and takes items blockIdx.x,
-//    + gridDim.x, ... (listed kMaxItemsPerCta at a time; the grid is the resident CTAs, graph-safe).
+//  - Work item = (request, split, row tile), numbered request by request, split then tile, except that the last
+//    split of a request of at most 128 rows is listed after every other item (MainCounts in
+//    verify_attn_sched.cuh; the tiles of one split stay neighbours in time: they share its KV tiles through
+//    L2). Persistent CTAs: every CTA scans the per-request item counts (device data: node_offsets,
+//    prefix_lens) and takes items blockIdx.x, + gridDim.x, ... (listed kMaxItemsPerCta at a time; the grid
+//    is the resident CTAs, graph-safe).
 //  - Per key tile: S = Q K^T (K = 576): warp w computes the partial product of m-tile (w & 1) (16 rows) over
 //    the dim quarter (w >> 1) (144 dims, 9 k-steps; its Q fragments live in registers for the whole item)
 //    for all 32 keys; the 4 partials of each row are summed in a fixed order through shared memory by the
@@ -70,11 +72,13 @@ static_assert(kThreads == kBN * 8 && kChunks % 8 == 0, "KV loader: 8 threads per
 constexpr int kKvTileBytes = kBN * kDimQK * 2;                 // 36,864: one tile of 32 cache rows
 constexpr int kSmemKv = 2 * kKvTileBytes;                      // 73,728: double buffer
 constexpr int kSmemSp = 4 * kBM * kSpStride * 4;               // 20,480: 4 partial score tiles (f32); the
-                                                               //   request scan (2 x 256 int) before the items
+                                                               //   request scan (kScanBufInts) before the items
 constexpr int kSmemP = 2 * kBM * kPStride * 2;                 //  5,120: P hi and P lo (bf16)
 constexpr int kSmemRow = 2 * kBM * 4;                          //    256: rescale factor, 1 / l per row
 constexpr int kSmemBytes = kSmemKv + kSmemSp + kSmemP + kSmemRow;  // 99,584
-constexpr int kSmemStatic = kMaxItemsPerCta * 16 + 16;        //    272 static (the CTA's item list)
+// Static: the CTA's item list and the scan's warp totals (3 x kWarps ints), with alignment (ptxas: 384 on
+// sm_86 and sm_120).
+constexpr int kSmemStatic = kMaxItemsPerCta * 16 + 3 * kWarps * 4 + 32;  // 384
 static_assert(kSmemBytes + kSmemStatic + 128 <= 99 * 1024,
               "sm_120 (and sm_86/89) allow at most 99 KB of shared memory per CTA, static + dynamic");
 static_assert(kKvTileBytes % 128 == 0 && kSmemSp % 16 == 0 && kSmemP % 16 == 0, "16-byte aligned sections");

@@ -500,22 +500,58 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   EXPECT_EQ(it[3].local, 1);  // (r2, row tile 1)
   EXPECT_EQ(it[3].bad, 1);  // r2's whole key range includes the bad page
   EXPECT_EQ(it[3].partial_base, 0);
-  // A request of more than 128 rows (r1: 17 nodes x 8 heads, 3 row tiles, 617 keys: 2 splits) keeps its splits
-  // together, request-major; r0 (16 rows, 602 keys) lists its last split after everything else.
+  // Requests of more than 128 rows keep their splits together, request-major, in the first phase; the last split
+  // of the others comes after every other item. r0 and r2: 2 nodes x 8 heads (16 rows, 602 keys: 2 splits); r1:
+  // 17 nodes (136 rows, 3 row tiles, 617 keys: 2 splits). First workspace rows: r0 0, r1 2 x 16 = 32, r2 32 +
+  // 2 x 136 = 304. Unsplit (split_keys 0): r1's 3 row tiles first, then r0 and r2 (every item of an unsplit
+  // request is its last split's).
   {
-    Problem big = make_problem(6, {{600, 2, Shape::kChain}, {600, 17, Shape::kBushy}}, o);
-    const ddt_verify_attn_params pbig = big.host_params(out.data(), lse.data(), &status);
-    size_t big_bytes = 0;
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&pbig, 512, &big_bytes), DDT_OK);
-    std::vector<PlanItem> big_buf(big_bytes / sizeof(PlanItem) + 2);
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pbig, 512, big_buf.data(), big_bytes), DDT_OK);
-    const PlanHeader& hb = *reinterpret_cast<const PlanHeader*>(big_buf.data());
-    const PlanItem* ib = reinterpret_cast<const PlanItem*>(&hb + 1);
-    ASSERT_EQ(hb.items, 8);
-    const int order[8][2] = {{0, 0}, {1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {0, 1}};
-    for (int b = 0; b < 8; ++b) {
-      EXPECT_EQ(ib[b].r, order[b][0]) << "item " << b;
-      EXPECT_EQ(ib[b].local, order[b][1]) << "item " << b;
+    Problem mix = make_problem(6, {{600, 2, Shape::kChain}, {600, 17, Shape::kBushy}, {600, 2, Shape::kChain}}, o);
+    const ddt_verify_attn_params pmix = mix.host_params(out.data(), lse.data(), &status);
+    size_t mix_bytes = 0;
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&pmix, 512, &mix_bytes), DDT_OK);
+    std::vector<PlanItem> mix_buf(mix_bytes / sizeof(PlanItem) + 2);
+    const PlanHeader& hm = *reinterpret_cast<const PlanHeader*>(mix_buf.data());
+    const PlanItem* im = reinterpret_cast<const PlanItem*>(&hm + 1);
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pmix, 512, mix_buf.data(), mix_bytes), DDT_OK);
+    ASSERT_EQ(hm.items, 10);
+    const int order[10][3] = {{0, 0, 0},  {1, 0, 32}, {1, 1, 32}, {1, 2, 32}, {1, 3, 32},
+                              {1, 4, 32}, {1, 5, 32}, {2, 0, 304}, {0, 1, 0}, {2, 1, 304}};
+    for (int b = 0; b < 10; ++b) {
+      SCOPED_TRACE("split 512, item " + std::to_string(b));
+      EXPECT_EQ(im[b].r, order[b][0]);
+      EXPECT_EQ(im[b].local, order[b][1]);
+      EXPECT_EQ(im[b].partial_base, order[b][2]);
+    }
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pmix, 0, mix_buf.data(), mix_bytes), DDT_OK);
+    ASSERT_EQ(hm.items, 5);
+    const int order0[5][2] = {{1, 0}, {1, 1}, {1, 2}, {0, 0}, {2, 0}};
+    for (int b = 0; b < 5; ++b) {
+      SCOPED_TRACE("split 0, item " + std::to_string(b));
+      EXPECT_EQ(im[b].r, order0[b][0]);
+      EXPECT_EQ(im[b].local, order0[b][1]);
+      EXPECT_EQ(im[b].partial_base, 0);
+    }
+  }
+  // The boundary, at one head: 128 rows (r0, 2 row tiles) last split last, 129 rows (r1, 3 row tiles)
+  // request-major.
+  {
+    Options o1 = o;
+    o1.heads = 1;
+    Problem edge = make_problem(8, {{600, 128, Shape::kBushy}, {600, 129, Shape::kBushy}}, o1);
+    const ddt_verify_attn_params pedge = edge.host_params(out.data(), lse.data(), &status);
+    size_t edge_bytes = 0;
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&pedge, 512, &edge_bytes), DDT_OK);
+    std::vector<PlanItem> edge_buf(edge_bytes / sizeof(PlanItem) + 2);
+    const PlanHeader& he = *reinterpret_cast<const PlanHeader*>(edge_buf.data());
+    const PlanItem* ie = reinterpret_cast<const PlanItem*>(&he + 1);
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pedge, 512, edge_buf.data(), edge_bytes), DDT_OK);
+    ASSERT_EQ(he.items, 10);  // 728 / 729 keys: 2 splits each; 2 + 3 row tiles
+    const int order[10][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {0, 2}, {0, 3}};
+    for (int b = 0; b < 10; ++b) {
+      SCOPED_TRACE("item " + std::to_string(b));
+      EXPECT_EQ(ie[b].r, order[b][0]);
+      EXPECT_EQ(ie[b].local, order[b][1]);
     }
   }
   // Malformed node_offsets: the header says so and lists nothing.

@@ -814,6 +814,13 @@ TEST(VerifyAttnGpu, Sm90PlanKernelEqualsCpuTwin) {
   Problem bad_offsets = make_problem(32, {{100, 9, Shape::kBushy}, {70, 3, Shape::kChain}});
   bad_offsets.offsets[1] = bad_offsets.offsets[2] + 1;
   problems.push_back(bad_offsets);
+  // 300 requests (several per scan chunk) of 8 to 160 rows: the two phases of the scan order (a last split of
+  // <= 128 rows listed after every other item) with requests on both sides of the bound.
+  std::vector<ReqSpec> many;
+  const int kNodes[] = {1, 17, 3, 16, 20, 2};  // x 8 heads: 8, 136, 24, 128, 160, 16 rows
+  for (int i = 0; i < 300; ++i)
+    many.push_back({100 + (i * 7919) % 600, kNodes[i % 6], i % 3 ? Shape::kBushy : Shape::kChain});
+  problems.push_back(make_problem(33, many));
   int compared = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
     const Problem& pb = problems[i];
