@@ -447,6 +447,29 @@ TEST(VerifyAttnSplit, PlansCutAtAbsolutePositionsAndStayInsideTheCapacityBounds)
 
 namespace {
 
+// The CPU twin's plan of a problem (PlanItem storage: 16-byte aligned; the header, then the items).
+struct CpuPlan {
+  std::vector<ddtree::kern::attn::PlanItem> buf;
+  const ddtree::kern::attn::PlanHeader& header() const {
+    return *reinterpret_cast<const ddtree::kern::attn::PlanHeader*>(buf.data());
+  }
+  const ddtree::kern::attn::PlanItem* items() const {
+    return reinterpret_cast<const ddtree::kern::attn::PlanItem*>(&header() + 1);
+  }
+};
+CpuPlan cpu_plan(const Problem& pb, int split_keys) {
+  std::vector<uint16_t> out(pb.out_size());
+  std::vector<float> lse(pb.lse_size());
+  uint32_t status = 0;
+  const ddt_verify_attn_params p = pb.host_params(out.data(), lse.data(), &status);
+  size_t bytes = 0;
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_bytes(&p, split_keys, &bytes), DDT_OK);
+  CpuPlan plan;
+  plan.buf.resize(bytes / sizeof(ddtree::kern::attn::PlanItem) + 2);
+  EXPECT_EQ(ddt_verify_attn_sm90_plan_cpu(&p, split_keys, plan.buf.data(), bytes), DDT_OK);
+  return plan;
+}
+
 // The plan kernel's CPU twin (ddt_verify_attn_sm90_plan_cpu) on a hand-counted batch: r0 P 600 N 2 (16 rows, 602
 // keys: 2 splits at 512, 1 row tile), r1 P 10 N 1 (11 keys: unsplit), r2 P 1000 N 9 (72 rows: 2 row tiles, 1009
 // keys: 2 splits) with a bad page in r2's second split. Items in order (request, split x row_tiles + tile, the
@@ -506,15 +529,11 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   // 2 x 136 = 304. Unsplit (split_keys 0): r1's 3 row tiles first, then r0 and r2 (every item of an unsplit
   // request is its last split's).
   {
-    Problem mix = make_problem(6, {{600, 2, Shape::kChain}, {600, 17, Shape::kBushy}, {600, 2, Shape::kChain}}, o);
-    const ddt_verify_attn_params pmix = mix.host_params(out.data(), lse.data(), &status);
-    size_t mix_bytes = 0;
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&pmix, 512, &mix_bytes), DDT_OK);
-    std::vector<PlanItem> mix_buf(mix_bytes / sizeof(PlanItem) + 2);
-    const PlanHeader& hm = *reinterpret_cast<const PlanHeader*>(mix_buf.data());
-    const PlanItem* im = reinterpret_cast<const PlanItem*>(&hm + 1);
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pmix, 512, mix_buf.data(), mix_bytes), DDT_OK);
-    ASSERT_EQ(hm.items, 10);
+    const Problem mix =
+        make_problem(6, {{600, 2, Shape::kChain}, {600, 17, Shape::kBushy}, {600, 2, Shape::kChain}}, o);
+    const CpuPlan plan = cpu_plan(mix, 512), plan0 = cpu_plan(mix, 0);
+    const PlanItem* im = plan.items();
+    ASSERT_EQ(plan.header().items, 10);
     const int order[10][3] = {{0, 0, 0},  {1, 0, 32}, {1, 1, 32}, {1, 2, 32}, {1, 3, 32},
                               {1, 4, 32}, {1, 5, 32}, {2, 0, 304}, {0, 1, 0}, {2, 1, 304}};
     for (int b = 0; b < 10; ++b) {
@@ -523,14 +542,13 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
       EXPECT_EQ(im[b].local, order[b][1]);
       EXPECT_EQ(im[b].partial_base, order[b][2]);
     }
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pmix, 0, mix_buf.data(), mix_bytes), DDT_OK);
-    ASSERT_EQ(hm.items, 5);
+    ASSERT_EQ(plan0.header().items, 5);
     const int order0[5][2] = {{1, 0}, {1, 1}, {1, 2}, {0, 0}, {2, 0}};
     for (int b = 0; b < 5; ++b) {
       SCOPED_TRACE("split 0, item " + std::to_string(b));
-      EXPECT_EQ(im[b].r, order0[b][0]);
-      EXPECT_EQ(im[b].local, order0[b][1]);
-      EXPECT_EQ(im[b].partial_base, 0);
+      EXPECT_EQ(plan0.items()[b].r, order0[b][0]);
+      EXPECT_EQ(plan0.items()[b].local, order0[b][1]);
+      EXPECT_EQ(plan0.items()[b].partial_base, 0);
     }
   }
   // The boundary, at one head: 128 rows (r0, 2 row tiles) last split last, 129 rows (r1, 3 row tiles)
@@ -538,15 +556,9 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
   {
     Options o1 = o;
     o1.heads = 1;
-    Problem edge = make_problem(8, {{600, 128, Shape::kBushy}, {600, 129, Shape::kBushy}}, o1);
-    const ddt_verify_attn_params pedge = edge.host_params(out.data(), lse.data(), &status);
-    size_t edge_bytes = 0;
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&pedge, 512, &edge_bytes), DDT_OK);
-    std::vector<PlanItem> edge_buf(edge_bytes / sizeof(PlanItem) + 2);
-    const PlanHeader& he = *reinterpret_cast<const PlanHeader*>(edge_buf.data());
-    const PlanItem* ie = reinterpret_cast<const PlanItem*>(&he + 1);
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&pedge, 512, edge_buf.data(), edge_bytes), DDT_OK);
-    ASSERT_EQ(he.items, 10);  // 728 / 729 keys: 2 splits each; 2 + 3 row tiles
+    const CpuPlan plan = cpu_plan(make_problem(8, {{600, 128, Shape::kBushy}, {600, 129, Shape::kBushy}}, o1), 512);
+    const PlanItem* ie = plan.items();
+    ASSERT_EQ(plan.header().items, 10);  // 728 / 729 keys: 2 splits each; 2 + 3 row tiles
     const int order[10][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {0, 2}, {0, 3}};
     for (int b = 0; b < 10; ++b) {
       SCOPED_TRACE("item " + std::to_string(b));
