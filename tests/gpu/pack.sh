@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the GPU binaries here (nvcc, sm_90a) and copies them into .gpu-carry/ for `device run --carry`.
+# Builds the GPU binaries here (nvcc, sm_90a) and copies them into .gpu-carry/ for `device run --carry`
+# (then tests/gpu/run.sh there; tests/gpu/ab.sh for a same-run A/B against BASE_LIB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build}
@@ -19,5 +20,10 @@ if [ "${PROFILE:-0}" = 1 ]; then
     kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile
   nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 -DATTN_PROFILE_SM90 -Ikernels/include -I. \
     bench/dev/attn_profile.cu kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile_sm90
+fi
+# A base library for tests/gpu/ab.sh (BASE_LIB=<dir holding libddtree_kernels.so>, e.g. another commit's build).
+if [ -n "${BASE_LIB:-}" ]; then
+  mkdir -p .gpu-carry/base/lib
+  cp "$BASE_LIB"/libddtree_kernels.so .gpu-carry/base/lib/
 fi
 du -sh .gpu-carry

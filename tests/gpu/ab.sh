@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A same-run A/B of the tree-verify attention kernels on the GPU machine, in one device call: (unless
+# SKIP_TESTS=1) every GPU test of tests/gpu/run.sh on the new library, then the full sm90 table (planned and
+# unplanned) for the base library (.gpu-carry/base/lib: BASE_LIB=<dir holding libddtree_kernels.so> at pack time)
+# and the new one back to back, a second sample of SHAPES (P,T,batch ...) alternating base / new, the portable
+# kernel's quick table for both (SKIP_PORTABLE=1 skips it), and the stamped profile of the new library when
+# packed with PROFILE=1. Prints the tests' summary, every planned shape that moved by more than 2%, the second
+# samples and the geomeans (tests/gpu/ab_summary.py); everything else goes into one tarball, $OUT/ab.tgz (the
+# device tool returns at most 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+c=$PWD/.gpu-carry
+final=${OUT:-gpu-out}
+out=$(mktemp -d)/ab
+mkdir -p "$out" "$final"
+start=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - start )) s"; }
+if [ ! -f "$c/base/lib/libddtree_kernels.so" ]; then
+  echo "no base library: pack with BASE_LIB=<dir> tests/gpu/pack.sh"
+  exit 2
+fi
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  SKIP_BENCH=1 GTEST_ARGS=--gtest_brief=1 ATTN_GTEST_ARGS=--gtest_brief=1 TAIL=3 OUT=$out tests/gpu/run.sh 2>&1 |
+    grep -v '^  \(oracle\|portable\|sm90\)' | grep -v '^|' | tail -22
+  grep -E "passed|failed" "$out/python_ref.log" | tail -2
+  echo "== tests took $(elapsed)"
+fi
+libdir() { if [ "$1" = base ]; then echo "$c/base/lib"; else echo "$c/lib"; fi; }
+for lib in base new; do
+  LD_LIBRARY_PATH=$(libdir $lib) timeout 120 "$c/bench_verify_attn" --sm90-only --plan > "$out/sm90_$lib.txt" 2>&1
+  echo "sm90 table, $lib: exit $? at $(elapsed)"
+done
+for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
+  for lib in base new; do
+    LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan --shape "$shape" 2>&1 |
+      grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
+  done
+done > "$out/second.txt"
+echo "second samples at $(elapsed)"
+if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
+  for lib in base new; do
+    LD_LIBRARY_PATH=$(libdir $lib) timeout 60 "$c/bench_verify_attn" --quick --portable-only > "$out/portable_$lib.txt" 2>&1
+    echo "portable table, $lib: exit $? at $(elapsed)"
+  done
+fi
+[ -x "$c/attn_profile_sm90" ] && LD_LIBRARY_PATH=$c/lib timeout 90 "$c/attn_profile_sm90" > "$out/profile_new.txt" 2>&1
+python3 tests/gpu/ab_summary.py "$out"
+tar czf "$final/ab.tgz" -C "$(dirname "$out")" ab
+echo "== done at $(elapsed)"
