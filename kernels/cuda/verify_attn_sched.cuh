@@ -448,11 +448,19 @@ __global__ void __launch_bounds__(kThreads, 4)
   const CombineCounts counts{split_keys, warp_mode != 0, kSlices};
   // (planned call: the plan kernel finished before the main kernel started, so its header is visible here.
   // node_offsets is checked in any case: the scan below reads it, and a stale plan must not make it trusted.)
+  // (The early returns wait for the main kernel too: a combine that exits without the wait lets its grid complete
+  // while the main kernel still poisons the rows, and a kernel launched after it with PDL would wait only for it.)
   if (plan) {
     read_plan_header(p, split_keys, plan, plan_capacity);
-    if (plan_words()[0] != 0) return;  // the main kernel poisoned every row
+    if (plan_words()[0] != 0) {  // the main kernel poisoned every row
+      pdl_wait();
+      return;
+    }
   }
-  if (offsets_bad(p)) return;  // the main kernel poisoned every row (or, with a stale plan, left them undefined)
+  if (offsets_bad(p)) {  // the main kernel poisoned every row (or, with a stale plan, left them undefined)
+    pdl_wait();
+    return;
+  }
   scan_requests(p, counts, s_items, s_rows);
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
