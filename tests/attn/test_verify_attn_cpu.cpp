@@ -7,6 +7,7 @@
 // causal; bf16 conversions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
