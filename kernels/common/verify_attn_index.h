@@ -47,15 +47,20 @@ struct Request {
   int64_t pages;   // ceil(keys / page_size): page-table entries the request needs
 };
 
-DDT_HD Request make_request(const ddt_verify_attn_params& p, int r) {
+// Request r from its rows and prefix (make_request's reads, or the sm_90a plan's copies of them).
+DDT_HD Request request_of(const ddt_verify_attn_params& p, int r, int first_row, int nodes, int64_t prefix) {
   Request q;
   q.r = r;
-  q.first_row = p.node_offsets[r];
-  q.nodes = p.node_offsets[r + 1] - q.first_row;
-  q.prefix = p.prefix_lens[r];
+  q.first_row = first_row;
+  q.nodes = nodes;
+  q.prefix = prefix;
   q.keys = q.prefix + q.nodes;
   q.pages = q.keys > 0 ? (q.keys + p.page_size - 1) / p.page_size : 0;
   return q;
+}
+DDT_HD Request make_request(const ddt_verify_attn_params& p, int r) {
+  const int first_row = p.node_offsets[r];
+  return request_of(p, r, first_row, p.node_offsets[r + 1] - first_row, p.prefix_lens[r]);
 }
 
 // Scalar checks: P >= 0, N <= 64 W, P + N <= max_pages * page_size (so every needed page-table entry

@@ -284,14 +284,7 @@ __device__ ItemGeom item_geom(const ddt_verify_attn_params& p, int split_keys, c
 }
 // The request of a planned record (no global reads: the plan kernel copied node_offsets and prefix_lens).
 __device__ __forceinline__ Request planned_request(const ddt_verify_attn_params& p, const PlanItem& rec) {
-  Request q;
-  q.r = rec.r;
-  q.first_row = rec.first_row;
-  q.nodes = rec.nodes;
-  q.prefix = rec.prefix;
-  q.keys = q.prefix + q.nodes;
-  q.pages = q.keys > 0 ? (q.keys + p.page_size - 1) / p.page_size : 0;
-  return q;
+  return request_of(p, rec.r, rec.first_row, rec.nodes, rec.prefix);
 }
 // Is the request's shape or a page of the key range bad? The producer warpgroup decides it (an OR over its
 // threads, each checking a strided share of the pages, through barrier 2) and publishes it with the geometry.
