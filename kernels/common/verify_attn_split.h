@@ -53,15 +53,20 @@ DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_
 }
 
 // Scan order of the flash kernels' items (kernels/cuda/verify_attn_sched.cuh, MainCounts): a request of at most
-// kLastSplitLastRows rows (T x H <= 128) lists its last split after every request's other items; a larger one
-// keeps its splits together, request-major. The last split is the short one: listed among the full ones, item
-// b % grid gave some CTAs a full item more than others (2k T 1 b 64: 24 key tiles against a mean of 16). A request
-// of many row tiles keeps them together instead: its items already mix, and a split moved away re-reads the
-// request's Q (rows x 1,152 B) from DRAM; measured 3-6% slower at 512-8k T >= 32 (docs/PERF_NOTES.md S32).
+// kLastSplitLastRows rows (T x H <= 128) and at most kLastSplitLastSplits splits lists its last split after every
+// request's other items; any other keeps its splits together, request-major. The last split is the short one:
+// listed among the full ones, item b % grid gave some CTAs a full item more than others (2k T 1 b 64: 24 key
+// tiles against a mean of 16). A request of many row tiles keeps them together instead: its items already mix,
+// and a split moved away re-reads the request's Q (rows x 1,152 B) from DRAM; measured 3-6% slower at 512-8k
+// T >= 32 (docs/PERF_NOTES.md S32). A request of many splits (P + N > 16k at split_keys 512) has enough items for
+// b % grid to balance by itself, and moving its last split measured 1.5-2% slower at 32k b 32 (S33, S34).
 // A request of one split (P + N <= split_keys, or split_keys 0) is all last split: with split_keys 0 the
 // requests of more than 128 rows come first, then the others (a longest-first order; not measured).
 constexpr int64_t kLastSplitLastRows = 128;
-DDT_HD bool last_split_listed_last(int64_t rows) { return rows <= kLastSplitLastRows; }
+constexpr int kLastSplitLastSplits = 32;
+DDT_HD bool last_split_listed_last(int64_t rows, int splits) {
+  return rows <= kLastSplitLastRows && splits <= kLastSplitLastSplits;
+}
 
 // Upper bounds over every device-data instance with these host-known capacities (max_keys bounds a valid
 // request's P + N): work items of the main kernel, partial rows of the workspace, combine items.

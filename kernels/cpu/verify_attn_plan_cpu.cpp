@@ -1,11 +1,11 @@
 // CPU twin of the sm_90a kernel's per-step plan (ddt_verify_attn_sm90_plan_cuda, kernels/cuda/verify_attn_sm90.cu;
 // layout in kernels/common/verify_attn_split.h): the same header and item records, byte for byte, from a plain
 // walk over the requests in order, twice: first every request's leading items (all of a request of more than 128
-// rows, the splits 0 .. splits - 2 of the others), then the last split of those others (last_split_listed_last,
-// kernels/common/verify_attn_split.h). Item b of the plan is the b-th
-// item of that walk: request r's items local = split x row_tiles + row tile, 64-row tiles, each with the request's
-// first workspace row (the partial rows of the split requests before it), the page check over its key range and
-// the physical page of its first key.
+// rows or more than 32 splits, the splits 0 .. splits - 2 of the others), then the last split of those others
+// (last_split_listed_last, kernels/common/verify_attn_split.h). Item b of the plan is the b-th item of that walk:
+// request r's items local = split x row_tiles + row tile, 64-row tiles, each with the request's first workspace
+// row (the partial rows of the split requests before it), the page check over its key range and the physical
+// page of its first key.
 #include <cstdint>
 
 #include "kernels/common/validate.h"
@@ -32,7 +32,7 @@ extern "C" int ddt_verify_attn_sm90_plan_cpu(const ddt_verify_attn_params* p, in
       const int64_t rows = int64_t(q.nodes) * p->heads;
       const bool shape_ok = request_shape_ok(*p, q);
       const SplitPlan sp = split_plan(shape_ok ? q.keys : 0, rows, split_keys, kRows);
-      const int leading = last_split_listed_last(rows) ? sp.splits - 1 : sp.splits;  // splits listed first
+      const int leading = last_split_listed_last(rows, sp.splits) ? sp.splits - 1 : sp.splits;  // splits listed first
       for (int split = last ? leading : 0; split < (last ? sp.splits : leading); ++split)
         for (int t = 0; t < sp.row_tiles; ++t, ++b) {
           const int64_t kb = sp.splits > 1 ? int64_t(split) * split_keys : 0;

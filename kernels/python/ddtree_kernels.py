@@ -415,6 +415,14 @@ def verify_attn_plan(q, kv_cache, page_table, prefix_lens, node_offsets, vis, so
     sets DDT_DATA_BAD_PLAN (4) in the status word."""
     ref, p, _, _, _, keep = _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis,
                                                 softmax_scale, page_size, None)
+    plan = _plan_from_params(ref, p, split_keys)
+    del keep
+    return plan
+
+
+def _plan_from_params(ref, p, split_keys: int) -> VerifyAttnPlan:
+    """The plan of verify_attn_plan from already converted inputs (ref: their reference tensor or array; p: the
+    _VerifyAttn params whose arrays the caller keeps alive until this returns)."""
     L = lib()
     need = ctypes.c_size_t(0)
     rc = L.ddt_verify_attn_sm90_plan_bytes(ctypes.byref(p), int(split_keys), ctypes.byref(need))
@@ -432,7 +440,6 @@ def verify_attn_plan(q, kv_cache, page_table, prefix_lens, node_offsets, vis, so
         rc = L.ddt_verify_attn_sm90_plan_cpu(ctypes.byref(p), int(split_keys), ctypes.c_void_p(data.ctypes.data),
                                              need.value)
         who = "ddt_verify_attn_sm90_plan_cpu"
-    del keep
     if rc != 0:
         raise DDTreeError(rc, f"{who}: {L.ddt_status_string(rc).decode()}: {L.ddt_last_error_message().decode()}")
     return VerifyAttnPlan(data[:int(need.value)], int(split_keys))
@@ -479,8 +486,8 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
         with torch.cuda.device(ref.device):
             stream = torch.cuda.current_stream(ref.device).cuda_stream
             if kernel == "sm90-plan":
-                if plan is None:
-                    plan = verify_attn_plan(*keep, softmax_scale, page_size, split_keys)
+                if plan is None:  # (the inputs converted above: no second conversion, no unused out / lse)
+                    plan = _plan_from_params(ref, p, split_keys)
                 rc = L.ddt_verify_attn_sm90_planned_cuda(ctypes.byref(p), int(split_keys),
                                                          ctypes.c_void_p(plan.data.data_ptr()), len(plan),
                                                          ctypes.c_void_p(ws.data_ptr()), need.value,

@@ -567,6 +567,26 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
       EXPECT_EQ(ie[b].local, order[b][1]);
     }
   }
+  // A request of more than 32 splits (r1: 17,001 keys, 34 splits at 512) keeps its splits together too.
+  {
+    Problem longp = make_problem(7, {{600, 2, Shape::kChain}, {17000, 1, Shape::kChain}}, o);
+    const ddt_verify_attn_params plong = longp.host_params(out.data(), lse.data(), &status);
+    size_t long_bytes = 0;
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&plong, 512, &long_bytes), DDT_OK);
+    std::vector<PlanItem> long_buf(long_bytes / sizeof(PlanItem) + 2);
+    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&plong, 512, long_buf.data(), long_bytes), DDT_OK);
+    const PlanHeader& hl = *reinterpret_cast<const PlanHeader*>(long_buf.data());
+    const PlanItem* il = reinterpret_cast<const PlanItem*>(&hl + 1);
+    ASSERT_EQ(hl.items, 2 + 34);
+    EXPECT_EQ(il[0].r, 0);
+    EXPECT_EQ(il[0].local, 0);
+    for (int b = 1; b <= 34; ++b) {
+      EXPECT_EQ(il[b].r, 1) << "item " << b;
+      EXPECT_EQ(il[b].local, b - 1) << "item " << b;
+    }
+    EXPECT_EQ(il[35].r, 0);
+    EXPECT_EQ(il[35].local, 1);
+  }
   // Malformed node_offsets: the header says so and lists nothing.
   Problem bad_off = pb;
   bad_off.offsets[2] = bad_off.offsets[1] - 1;
