@@ -16,7 +16,7 @@
 //    single-node decode bitwise); the partial results (f32 o, running max m, sum l per row) go to the
 //    caller's workspace and verify_attn_combine_kernel merges them in a fixed order.
 //  - Work item = (request, split, row tile), numbered request by request, split then tile, except that the last
-//    split of a request of at most 128 rows is listed after every other item (MainCounts in
+//    split of a request of at most 128 rows and 32 splits is listed after every other item (MainCounts in
 //    verify_attn_sched.cuh; the tiles of one split stay neighbours in time: they share its KV tiles through
 //    L2). Persistent CTAs: every CTA scans the per-request item counts (device data: node_offsets,
 //    prefix_lens) and takes items blockIdx.x, + gridDim.x, ... (listed kMaxItemsPerCta at a time; the grid

@@ -152,8 +152,8 @@ __device__ __forceinline__ RequestPlan request_plan(const ddt_verify_attn_params
 }
 // A flash kernel with row tiles of RowTile rows: row_tiles x splits items per request, local = split x row_tiles +
 // row tile. The scan order lists every request's leading items first, request by request, then the last split's
-// items of the requests that list it last (last_split_listed_last: T x H <= 128, at most 32 splits), request by request; item b
-// runs on CTA b % grid (kernels/common/verify_attn_split.h, docs/PERF_NOTES.md S32).
+// items of the requests that list it last (last_split_listed_last: T x H <= 128, at most 32 splits), request by
+// request; item b runs on CTA b % grid (kernels/common/verify_attn_split.h, docs/PERF_NOTES.md S32 - S34).
 template <int RowTile>
 struct MainCounts {
   int split_keys;

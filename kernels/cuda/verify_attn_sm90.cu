@@ -36,7 +36,7 @@
 //    equal to the 64-row path above (docs/PERF_NOTES.md S14).
 //  - Scheduling, checks, padding, poison, workspace and combine: exactly the portable kernel's
 //    (verify_attn_sched.cuh; persistent CTAs over items numbered request by request, split then row tile, the
-//    last split of a request of at most 128 rows listed after every other item: MainCounts).
+//    last split of a request of at most 128 rows and 32 splits listed after every other item: MainCounts).
 // Compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): other targets get an empty kernel and the launcher
 // refuses devices other than compute capability 9.0.
 #include <cuda.h>  // CUtensorMap (types only: encoded through the runtime's driver entry point)
