@@ -27,16 +27,23 @@ int main(int argc, char** argv) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int grid = argc > 1 ? std::atoi(argv[1]) : sms;
+  if (grid < 1) {
+    std::printf("usage: smid_probe [grid >= 1]\n");
+    return 2;
+  }
   const int smem = 225 * 1024;
   if (cudaFuncSetAttribute(where_am_i, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
     std::printf("shared-memory opt-in failed\n");
     return 1;
   }
   int* d = nullptr;
-  cudaMalloc(&d, grid * sizeof(int));
+  if (cudaMalloc(&d, grid * sizeof(int)) != cudaSuccess) {
+    std::printf("cudaMalloc failed\n");
+    return 1;
+  }
   for (int run = 0; run < 3; ++run) {
     where_am_i<<<grid, 128, smem>>>(d, 200000);
-    if (cudaDeviceSynchronize() != cudaSuccess) {
+    if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
       std::printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
       return 1;
     }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -567,25 +568,28 @@ TEST(VerifyAttnPlanCpu, ItemsInScanOrderWithPageVerdictsAndFirstPages) {
       EXPECT_EQ(ie[b].local, order[b][1]);
     }
   }
-  // A request of more than 32 splits (r1: 17,001 keys, 34 splits at 512) keeps its splits together too.
+  // The split bound (32 at split_keys 512): r1 has 16,384 keys (32 splits: last split last), r2 16,385 (33 splits:
+  // request-major); r0 and r3: 16 rows, 602 keys (2 splits). First workspace rows: r0 0, r1 2 x 16 = 32, r2 32 +
+  // 32 x 8 = 288, r3 288 + 33 x 8 = 552.
   {
-    Problem longp = make_problem(7, {{600, 2, Shape::kChain}, {17000, 1, Shape::kChain}}, o);
-    const ddt_verify_attn_params plong = longp.host_params(out.data(), lse.data(), &status);
-    size_t long_bytes = 0;
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_bytes(&plong, 512, &long_bytes), DDT_OK);
-    std::vector<PlanItem> long_buf(long_bytes / sizeof(PlanItem) + 2);
-    ASSERT_EQ(ddt_verify_attn_sm90_plan_cpu(&plong, 512, long_buf.data(), long_bytes), DDT_OK);
-    const PlanHeader& hl = *reinterpret_cast<const PlanHeader*>(long_buf.data());
-    const PlanItem* il = reinterpret_cast<const PlanItem*>(&hl + 1);
-    ASSERT_EQ(hl.items, 2 + 34);
-    EXPECT_EQ(il[0].r, 0);
-    EXPECT_EQ(il[0].local, 0);
-    for (int b = 1; b <= 34; ++b) {
-      EXPECT_EQ(il[b].r, 1) << "item " << b;
-      EXPECT_EQ(il[b].local, b - 1) << "item " << b;
+    const CpuPlan plan = cpu_plan(make_problem(7, {{600, 2, Shape::kChain}, {16383, 1, Shape::kChain},
+                                                   {16384, 1, Shape::kChain}, {600, 2, Shape::kChain}}, o), 512);
+    const PlanItem* il = plan.items();
+    ASSERT_EQ(plan.header().items, 2 + 32 + 33 + 2);
+    std::vector<std::array<int, 3>> want;  // (request, local, first workspace row)
+    want.push_back({0, 0, 0});
+    for (int l = 0; l < 31; ++l) want.push_back({1, l, 32});
+    for (int l = 0; l < 33; ++l) want.push_back({2, l, 288});
+    want.push_back({3, 0, 552});
+    want.push_back({0, 1, 0});
+    want.push_back({1, 31, 32});
+    want.push_back({3, 1, 552});
+    for (int b = 0; b < int(want.size()); ++b) {
+      SCOPED_TRACE("item " + std::to_string(b));
+      EXPECT_EQ(il[b].r, want[size_t(b)][0]);
+      EXPECT_EQ(il[b].local, want[size_t(b)][1]);
+      EXPECT_EQ(il[b].partial_base, want[size_t(b)][2]);
     }
-    EXPECT_EQ(il[35].r, 0);
-    EXPECT_EQ(il[35].local, 1);
   }
   // Malformed node_offsets: the header says so and lists nothing.
   Problem bad_off = pb;
