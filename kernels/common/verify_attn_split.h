@@ -59,7 +59,8 @@ DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_
 // tiles against a mean of 16). A request of many row tiles keeps them together instead: its items already mix,
 // and a split moved away re-reads the request's Q (rows x 1,152 B) from DRAM; measured 3-6% slower at 512-8k
 // T >= 32 (docs/PERF_NOTES.md S32). A request of many splits (P + N > 16k at split_keys 512) has enough items for
-// b % grid to balance by itself, and moving its last split measured 1.5-2% slower at 32k b 32 (S33, S34).
+// b % grid to balance by itself, and moving its last split measured 1.5-2% slower at 32k b 32 (S33, S34); the
+// bound counts splits, so at another split_keys it sits at other lengths (measured at 512 only).
 // A request of one split (P + N <= split_keys, or split_keys 0) is all last split: with split_keys 0 the
 // requests of more than 128 rows come first, then the others (a longest-first order; not measured).
 constexpr int64_t kLastSplitLastRows = 128;
