@@ -90,6 +90,12 @@ inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys) {
   return b;
 }
 constexpr int64_t kPartialRowBytes = int64_t(DDT_ATTN_DIM_V + 2) * 4;  // f32 o[512] + (m, l)
+// A split partial's o (a workspace row of 512 f32, read only by the combine) lies in a permuted order inside every
+// aligned block of 16 dims: dim 16 k + 8 h + 2 c + e at position 16 k + 4 c + 2 h + e. An mma / wgmma accumulator
+// thread holds dims 2 c, 2 c + 1 of adjacent 8-dim blocks (h = 0, 1), so its 4 values of a 16-dim block are one
+// 16-byte store at position 16 k + 4 c (docs/PERF_NOTES.md S37). Two positions 2 t, 2 t + 1 hold two adjacent dims.
+DDT_HD constexpr int partial_pos(int dim) { return (dim & ~15) | ((dim & 6) << 1) | ((dim & 8) >> 2) | (dim & 1); }
+DDT_HD constexpr int partial_dim(int pos) { return (pos & ~15) | ((pos & 12) >> 1) | ((pos & 2) << 2) | (pos & 1); }
 
 // ---- the sm_90a kernel's per-step plan (ddt_verify_attn_sm90_plan_cuda) ----
 // Device memory: a PlanHeader, then PlanItem[capacity] in the order the main kernel's scan would produce them

@@ -408,10 +408,13 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       for (int half = 0; half < 2; ++half) {
         const int row = a * 16 + g + half * 8;
         if (row >= rows_here) continue;
-        float* o = ws_o + (prow0 + row) * kDimV + warp * 64;
+        // (positions, not dims: the dims 16 k + 2 c (+ 1) and 16 k + 8 + 2 c (+ 1) of the warp's 64 are one float4
+        // at position 16 k + 4 c, partial_pos)
+        float4* o = reinterpret_cast<float4*>(ws_o + (prow0 + row) * kDimV + warp * 64 + 4 * c);
 #pragma unroll
-        for (int b = 0; b < 8; ++b)
-          *reinterpret_cast<float2*>(o + b * 8 + 2 * c) = make_float2(acc[a][b][2 * half], acc[a][b][2 * half + 1]);
+        for (int k = 0; k < 4; ++k)
+          o[4 * k] = make_float4(acc[a][2 * k][2 * half], acc[a][2 * k][2 * half + 1], acc[a][2 * k + 1][2 * half],
+                                 acc[a][2 * k + 1][2 * half + 1]);
       }
     DDT_PROF_LAP(12, tp);  // epilogue
     return;

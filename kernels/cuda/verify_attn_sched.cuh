@@ -318,9 +318,11 @@ __device__ void read_plan_header(const ddt_verify_attn_params& p, int split_keys
 //    items of kWarps rows). Fewer instructions per row (one item lookup per 8 rows, no block barrier) but one
 //    split's loads in flight per warp at a time: the launcher picks it when there are rows enough to fill the
 //    GPU (combine_warp_mode). Both schedules give the same bits (a GPU test compares them).
-// Lanes of the warp schedule and of a CTA per row hold dims [4 lane + 128 k, +4), k < 4 (coalesced 512-byte warp
-// loads per split); the sliced CTA schedules' lanes hold consecutive dims of the slice (verify_attn_combine_kernel).
-// Every dim sees the same operations in every schedule. A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN;
+// Lanes of the warp schedule and of a CTA per row hold the partial positions [4 lane + 128 k, +4), k < 4 (coalesced
+// 512-byte warp loads per split); the sliced CTA schedules' lanes hold consecutive positions of the slice
+// (verify_attn_combine_kernel). A slice (at least 32 positions from a multiple of 32) holds whole 16-dim blocks, so
+// it is also a set of whole dims; each result goes to its dim (partial_dim). Every dim sees the same operations in
+// every schedule. A split marked bad (m = NaN) or holding a NaN score (l = NaN) makes the row NaN;
 // no visible key at all (M = -inf, every l = 0): 0 / -inf.
 // acc += wgt x v (one split's o at 4 dims): a chain's step, the same operations per dim in every schedule (their
 // bitwise equality rests on it).
@@ -330,11 +332,14 @@ __device__ __forceinline__ void combine_chain_add(float4& acc, float wgt, const 
   acc.z += wgt * v.z;
   acc.w += wgt * v.w;
 }
-// 4 output dims: the sums times 1 / L, as bf16.
-__device__ __forceinline__ uint2 combine_out_bf16x4(float4 sum, float inv) {
+// The sums of the 4 partial positions 4 q .. 4 q + 3 times 1 / L, as bf16, to their dims in the output row out
+// (partial_pos: two pairs of adjacent dims, 16 k + 2 c and 16 k + 8 + 2 c, for q = 4 k + c).
+__device__ __forceinline__ void combine_store_pos4(uint16_t* out, int q, float4 sum, float inv) {
   const uint32_t x = num::f32_to_bf16(sum.x * inv), y = num::f32_to_bf16(sum.y * inv);
   const uint32_t z = num::f32_to_bf16(sum.z * inv), w = num::f32_to_bf16(sum.w * inv);
-  return make_uint2(x | (y << 16), z | (w << 16));
+  const int d = partial_dim(4 * q);  // (the pair at positions 4 q + 2, + 3 is dims d + 8, d + 9)
+  *reinterpret_cast<uint32_t*>(out + d) = x | (y << 16);
+  *reinterpret_cast<uint32_t*>(out + d + 8) = z | (w << 16);
 }
 // One warp, one row of at most kCombineFewSplits splits: prow = the row's partial row of split 0 (split s:
 // prow + s n_rows), out_row its output row.
@@ -389,7 +394,7 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
   }
   const float inv = 1.0f / l_all;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) o[lane + 32 * k] = combine_out_bf16x4(sum[k], inv);
+  for (int k = 0; k < 4; ++k) combine_store_pos4(p.out + out_row * kDimV, lane + 32 * k, sum[k], inv);
   if (lane == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
 }
 // kSlices (1, 2, 4, 8, 16): the CTA schedule's items are (row, 512 / kSlices dims), the launcher's choice
@@ -398,8 +403,9 @@ __device__ __forceinline__ void combine_row_warp(const ddt_verify_attn_params& p
 // 4-slice schedules need more registers, hence fewer CTAs: docs/PERF_NOTES.md S22, tried and not kept; the 8-
 // and 16-slice schedules hold 2 and 1 dims per lane and load a round's (m, l) one split per lane, so 6 and 12 splits
 // in flight fit, issued together (cuobjdump: every load of a round before its first use).)
-// Lanes: kSlices 1 as the warp schedule (dims [4 lane + 128 k, +4), k < 4); kSlices > 1: the slice is the
-// row's dims [slice x 512 / kSlices, +512 / kSlices), lane holding kF = 16 / kSlices consecutive ones.
+// Lanes: kSlices 1 as the warp schedule (positions [4 lane + 128 k, +4), k < 4); kSlices > 1: the slice is the
+// row's partial positions [slice x 512 / kSlices, +512 / kSlices) (the same set of dims), lane holding kF = 16 /
+// kSlices consecutive ones.
 template <int kF>
 __device__ __forceinline__ void combine_load_lane(float (&d)[kF], const float* src) {
   if constexpr (kF % 4 == 0) {
@@ -415,21 +421,17 @@ __device__ __forceinline__ void combine_load_lane(float (&d)[kF], const float* s
     d[0] = *src;
   }
 }
-// kF bf16 (the values times inv) to dst, in one store.
+// The kF values of partial positions pos .. pos + kF - 1 (times inv, as bf16) to their dims in the output row out
+// (partial_pos: positions 2 t, 2 t + 1 are adjacent dims, one 4-byte store per pair).
 template <int kF>
-__device__ __forceinline__ void combine_store_lane(uint16_t* dst, const float (&v)[kF], float inv) {
-  uint32_t h[kF];
-#pragma unroll
-  for (int i = 0; i < kF; ++i) h[i] = num::f32_to_bf16(v[i] * inv);
-  if constexpr (kF == 8) {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
-                                                h[6] | (h[7] << 16));
-  } else if constexpr (kF == 4) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
-  } else if constexpr (kF == 2) {
-    *reinterpret_cast<uint32_t*>(dst) = h[0] | (h[1] << 16);
+__device__ __forceinline__ void combine_store_lane(uint16_t* out, int pos, const float (&v)[kF], float inv) {
+  if constexpr (kF == 1) {
+    out[partial_dim(pos)] = uint16_t(num::f32_to_bf16(v[0] * inv));
   } else {
-    *dst = uint16_t(h[0]);
+#pragma unroll
+    for (int i = 0; i < kF; i += 2)
+      *reinterpret_cast<uint32_t*>(out + partial_dim(pos + i)) =
+          num::f32_to_bf16(v[i] * inv) | (num::f32_to_bf16(v[i + 1] * inv) << 16);
   }
 }
 template <int kSlices>
@@ -553,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           sum.z += v.z;
           sum.w += v.w;
         }
-        reinterpret_cast<uint2*>(o)[tid] = combine_out_bf16x4(sum, 1.0f / l_all);
+        combine_store_pos4(o, tid, sum, 1.0f / l_all);
         if (tid == 0) p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
       }
     } else {
@@ -633,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
           for (int k = 0; k < kF; ++k) sum[k] += s_acc[w][kF * tid + k];
         }
-        combine_store_lane<kF>(o + kF * tid, sum, 1.0f / l_all);
+        combine_store_lane<kF>(o - d0, d0 + kF * tid, sum, 1.0f / l_all);
         if (tid == 0 && d0 == 0)
           p.lse[out_row] = __fmaf_rn(m_max, kLn2, logf(l_all));  // (explicit: every epilogue rounds alike)
       }

@@ -681,7 +681,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         for (int h = 0; h < 2; ++h) {
           const int d = 64 * b + 16 * wv + g + 8 * h;
           const float v = acc[b][4 * (i >> 1) + 2 * h + (i & 1)];
-          if (geo.is_split) ws_o[(prow0 + n) * kDimV + d] = v;
+          if (geo.is_split) ws_o[(prow0 + n) * kDimV + partial_pos(d)] = v;
           else p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
         }
     }
@@ -1010,10 +1010,13 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         ws_ml[(prow0 + r) * 2] = m;
         ws_ml[(prow0 + r) * 2 + 1] = l;
       }
-      float* o = ws_o + (prow0 + r) * kDimV + col;
+      // (positions, not dims: the dims 16 m + 2 c (+ 1) and 16 m + 8 + 2 c (+ 1) of this warpgroup's 256 are one
+      // float4 at position 16 m + 4 c, partial_pos)
+      float4* o = reinterpret_cast<float4*>(ws_o + (prow0 + r) * kDimV + 256 * wg + 4 * c);
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(o + 8 * j) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      for (int m = 0; m < 16; ++m)
+        o[4 * m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
+                               acc[8 * m + 4 + 2 * half + 1]);
     } else {
       // No visible key <=> l = 0 (a finite visible score gives l >= 1); a NaN score makes l NaN: out and
       // lse NaN (also when every visible score is NaN and m stayed -inf).

@@ -671,3 +671,37 @@ TEST(VerifyAttnPlanCpu, LastSplitsAfterTheFullOnesBalanceTheCtas) {
 }
 
 }  // namespace
+
+// The split partials' order (partial_pos / partial_dim, docs/PERF_NOTES.md S37): a permutation of the 512 dims
+// that keeps every aligned 16-dim block; an accumulator thread's 4 values of a 16-dim block (dims 16 m + 2 c, + 1
+// and 16 m + 8 + 2 c, + 1) are 4 consecutive positions from 16 m + 4 c (its one 16-byte store); positions 2 t,
+// 2 t + 1 are adjacent dims (the combine's 4-byte output stores); and every combine slice (512 / kSlices positions
+// from a multiple of that) holds exactly the same set of dims.
+TEST(VerifyAttnCpu, PartialOrderIsABlockPermutation) {
+  using namespace ddtree::kern::attn;
+  constexpr int kDimV = DDT_ATTN_DIM_V;
+  std::vector<int> hits(kDimV, 0);
+  for (int d = 0; d < kDimV; ++d) {
+    const int pos = partial_pos(d);
+    ASSERT_GE(pos, 0);
+    ASSERT_LT(pos, kDimV);
+    EXPECT_EQ(pos / 16, d / 16) << "dim " << d;
+    EXPECT_EQ(partial_dim(pos), d) << "dim " << d;
+    ++hits[size_t(pos)];
+  }
+  for (int pos = 0; pos < kDimV; ++pos) EXPECT_EQ(hits[size_t(pos)], 1) << "position " << pos;
+  for (int m = 0; m < kDimV / 16; ++m)
+    for (int c = 0; c < 4; ++c) {
+      const int dims[4] = {16 * m + 2 * c, 16 * m + 2 * c + 1, 16 * m + 8 + 2 * c, 16 * m + 8 + 2 * c + 1};
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(partial_pos(dims[i]), 16 * m + 4 * c + i) << "m " << m << " c " << c;
+    }
+  for (int t = 0; t < kDimV / 2; ++t) EXPECT_EQ(partial_dim(2 * t + 1), partial_dim(2 * t) + 1) << "pair " << t;
+  for (int slices : {2, 4, 8, 16}) {
+    const int len = kDimV / slices;
+    for (int s = 0; s < slices; ++s)
+      for (int pos = s * len; pos < (s + 1) * len; ++pos) {
+        const int d = partial_dim(pos);
+        EXPECT_TRUE(d >= s * len && d < (s + 1) * len) << slices << " slices, position " << pos;
+      }
+  }
+}
