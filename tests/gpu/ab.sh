@@ -4,9 +4,12 @@
 # unplanned) for the base library (.gpu-carry/base/lib: BASE_LIB=<dir holding libddtree_kernels.so> at pack time)
 # and the new one back to back, a second sample of SHAPES (P,T,batch ...) alternating base / new, the portable
 # kernel's quick table for both (SKIP_PORTABLE=1 skips it), and the stamped profile of the new library when
-# packed with PROFILE=1. Prints the tests' summary, every planned shape that moved by more than 2%, the second
-# samples and the geomeans (tests/gpu/ab_summary.py); everything else goes into one tarball, $OUT/ab.tgz (the
-# device tool returns at most 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
+# packed with PROFILE=1. Variants (VARIANTS="name=<lib dir> ..." at pack time: .gpu-carry/variants/<name>/lib)
+# are timed beside them in the same call, each after its own attention GPU tests (SKIP_VARIANT_TESTS=1 skips
+# those), so several candidate changes share one device call. Prints the tests' summary, every planned shape that
+# moved by more than 2%, the second samples and the geomeans of each library against the base
+# (tests/gpu/ab_summary.py); everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
+# 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 c=$PWD/.gpu-carry
@@ -25,20 +28,31 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -E "passed|failed" "$out/python_ref.log" | tail -2
   echo "== tests took $(elapsed)"
 fi
-libdir() { if [ "$1" = base ]; then echo "$c/base/lib"; else echo "$c/lib"; fi; }
-for lib in base new; do
+libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
+libs="base new"
+for v in "$c"/variants/*/lib/libddtree_kernels.so; do
+  [ -f "$v" ] || continue
+  name=$(basename "$(dirname "$(dirname "$v")")")
+  libs="$libs $name"
+  if [ "${SKIP_VARIANT_TESTS:-0}" != 1 ]; then
+    LD_LIBRARY_PATH=$(libdir "$name") DDTREE_KERNELS_LIB=$(libdir "$name")/libddtree_kernels.so timeout 300 \
+      "$c/test_verify_attn_gpu" --gtest_brief=1 > "$out/verify_attn_gpu_$name.log" 2>&1
+    echo "variant $name: attention GPU tests exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$out/verify_attn_gpu_$name.log" | tr '\n' ' ')) at $(elapsed)"
+  fi
+done
+for lib in $libs; do
   LD_LIBRARY_PATH=$(libdir $lib) timeout 120 "$c/bench_verify_attn" --sm90-only --plan > "$out/sm90_$lib.txt" 2>&1
   echo "sm90 table, $lib: exit $? at $(elapsed)"
 done
 for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
-  for lib in base new; do
+  for lib in $libs; do
     LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan --shape "$shape" 2>&1 |
       grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
   done
 done > "$out/second.txt"
 echo "second samples at $(elapsed)"
 if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
-  for lib in base new; do
+  for lib in $libs; do
     LD_LIBRARY_PATH=$(libdir $lib) timeout 60 "$c/bench_verify_attn" --quick --portable-only > "$out/portable_$lib.txt" 2>&1
     echo "portable table, $lib: exit $? at $(elapsed)"
   done

@@ -1,7 +1,7 @@
-"""Summary of a tests/gpu/ab.sh run (its output directory as the argument): the planned sm90 shapes that moved by
-more than 2% between the base and the new library, the second samples side by side (us, from TB/s of the same
-bytes), the geomean of new / base time over the fixed batches and over batch 1 (planned and unplanned), and any
-result not checked against the host reference. Only the standard library: it runs on the GPU machine."""
+"""Summary of a tests/gpu/ab.sh run (its output directory as the argument), for the new library and each variant
+against the base: the planned sm90 shapes that moved by more than 2%, the geomean of time over the fixed batches
+and over batch 1 (planned and unplanned; also over T 1 and T >= 8 apart), the second samples side by side, and
+any result not checked against the host reference. Only the standard library: it runs on the GPU machine."""
 import math
 import re
 import sys
@@ -28,30 +28,41 @@ def geomean(xs):
 def main(out):
     out = Path(out)
     base, ub = table(out / "sm90_base.txt")
-    new, un = table(out / "sm90_new.txt")
-    print(f"sm90 shapes: base {len(base)}, new {len(new)}; not checked against the host reference: {ub} / {un}")
-    common = sorted(set(base) & set(new))
-    print("planned shapes that moved by more than 2% (us base -> new, new / base):")
-    for k in common:
-        if k[3] == "sm90-plan" and abs(new[k] / base[k] - 1) > 0.02:
-            print(f"  P {k[0]} T {k[1]} b {k[2]}: {base[k]} -> {new[k]} ({new[k] / base[k]:.3f})")
-    for kernel in ("sm90-plan", "sm90"):
-        for name, pick in (("fixed batches", lambda k: k[2] != 1), ("batch 1", lambda k: k[2] == 1)):
-            r = [new[k] / base[k] for k in common if k[3] == kernel and pick(k)]
-            print(f"geomean new / base time, {kernel}, {name}: {geomean(r):.4f} over {len(r)} shapes")
-    second = out / "second.txt"
-    if second.exists():
-        print("second samples, planned us (base / new):")
-        pairs = {}
-        for line in second.read_text().splitlines():
+    # every library timed beside the base: new, then the variants (sm90_<name>.txt), in name order
+    others = ["new"] + sorted(f.stem[len("sm90_"):] for f in out.glob("sm90_*.txt")
+                              if f.stem not in ("sm90_base", "sm90_new"))
+    second = {}
+    if (out / "second.txt").exists():
+        for line in (out / "second.txt").read_text().splitlines():
             lib, rest = line.split(" ", 1)
             m = ROW.match(rest)
             if m and m.group(4) == "sm90-plan":
-                pairs.setdefault(tuple(map(int, m.groups()[:3])), {})[lib] = float(m.group(5))
-        for k, v in pairs.items():
-            if "base" in v and "new" in v:
-                print(f"  P {k[0]} T {k[1]} b {k[2]}: {v['base']} / {v['new']} ({v['new'] / v['base']:.3f})")
-    for lib in ("base", "new"):
+                second.setdefault(tuple(map(int, m.groups()[:3])), {})[lib] = float(m.group(5))
+    for lib in others:
+        f = out / f"sm90_{lib}.txt"
+        if not f.exists():
+            continue
+        new, un = table(f)
+        print(f"== {lib} against base")
+        print(f"sm90 shapes: base {len(base)}, {lib} {len(new)}; not checked against the host reference: {ub} / {un}")
+        common = sorted(set(base) & set(new))
+        print(f"planned shapes that moved by more than 2% (us base -> {lib}, {lib} / base):")
+        for k in common:
+            if k[3] == "sm90-plan" and abs(new[k] / base[k] - 1) > 0.02:
+                print(f"  P {k[0]} T {k[1]} b {k[2]}: {base[k]} -> {new[k]} ({new[k] / base[k]:.3f})")
+        for kernel in ("sm90-plan", "sm90"):
+            for name, pick in (("fixed batches", lambda k: k[2] != 1), ("batch 1", lambda k: k[2] == 1)):
+                r = [new[k] / base[k] for k in common if k[3] == kernel and pick(k)]
+                r1 = [new[k] / base[k] for k in common if k[3] == kernel and pick(k) and k[1] == 1]
+                r8 = [new[k] / base[k] for k in common if k[3] == kernel and pick(k) and k[1] >= 8]
+                print(f"geomean {lib} / base time, {kernel}, {name}: {geomean(r):.4f} over {len(r)} shapes "
+                      f"(T 1 {geomean(r1):.4f}, T >= 8 {geomean(r8):.4f})")
+        if second:
+            print(f"second samples, planned us (base / {lib}):")
+            for k, v in second.items():
+                if "base" in v and lib in v:
+                    print(f"  P {k[0]} T {k[1]} b {k[2]}: {v['base']} / {v[lib]} ({v[lib] / v['base']:.3f})")
+    for lib in ["base"] + others:
         f = out / f"portable_{lib}.txt"
         if f.exists():
             rows, _ = table(f)

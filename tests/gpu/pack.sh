@@ -28,4 +28,13 @@ if [ -n "${BASE_LIB:-}" ]; then
   mkdir -p .gpu-carry/base/lib
   cp "$BASE_LIB"/libddtree_kernels.so .gpu-carry/base/lib/
 fi
+# Variant libraries for tests/gpu/ab.sh, timed beside base and new (VARIANTS="name=<dir holding
+# libddtree_kernels.so> ...", e.g. other branches' builds; names: letters, digits, - and _).
+for v in ${VARIANTS:-}; do
+  name=${v%%=*}
+  dir=${v#*=}
+  case $name in *[!A-Za-z0-9_-]*|"") echo "bad variant name: $name"; exit 2 ;; esac
+  mkdir -p ".gpu-carry/variants/$name/lib"
+  cp "$dir"/libddtree_kernels.so ".gpu-carry/variants/$name/lib/"
+done
 du -sh .gpu-carry
