@@ -28,7 +28,7 @@
 //   FLOPs = 2176 H T (P + T)               (QK 576 + PV 512 multiply-adds per row, head and key, x2)
 //   roofline time = max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s)   (the reference file's fixed ceilings)
 //   fraction = roofline time / measured time. The same-run device copy bandwidth is printed beside it.
-// Timing: every sample is one launch between CUDA events, after a 256 MB memset that flushes L2
+// Timing: every sample is one launch between CUDA events, after a 256 MB memset that flushes L2 (--no-flush: none)
 // (H200 L2: 60 MB); median of 3-9 samples (9 for the portable kernel). Checking: before timing, 3 sampled (row, head) pairs of every
 // shape are recomputed on the host in double (all visible keys) and compared with the bar (out abs 8e-4 or
 // rel 2/128, lse abs 1e-6 or rel 8/65536); the status word must stay 0. A wrong result makes the program
@@ -60,6 +60,9 @@ constexpr int kHeads = 8, kMaxT = 128;
 int g_page = 64;             // --page: tokens per KV page
 bool g_contiguous = false;   // --contiguous: physical pages in logical order (default: randomly permuted)
 bool g_chain = false;        // --chain: every tree is a chain (the causal case; default: random bushy trees)
+bool g_no_flush = false;     // --no-flush: no L2 flush before a sample (the previous call's data and code stay in L2:
+                             // what a cold start costs, against the default; FlashMLA's table in the reference file
+                             // was measured without a flush)
 int g_wrong = 0, g_below_floor = 0;
 
 // The kernels timed, in table order (the oracle first: the portable rows print the speedup over it).
@@ -227,14 +230,14 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
                   k.name, est_s, max_est_s, roof_us);
       continue;
     }
-    // The timing helper: median of n launches of fn, L2 flushed before each.
+    // The timing helper: median of n launches of fn, L2 flushed before each (unless --no-flush).
     auto median_us = [&](int (*fn)(const ddt_verify_attn_params*, void*), int n) {
       cudaEvent_t e0, e1;
       GPU_CHECK(cudaEventCreate(&e0));
       GPU_CHECK(cudaEventCreate(&e1));
       std::vector<float> ms;
       for (int i = 0; i < n; ++i) {
-        GPU_CHECK(cudaMemsetAsync(flush.ptr, i & 0xFF, flush.n, s));
+        if (!g_no_flush) GPU_CHECK(cudaMemsetAsync(flush.ptr, i & 0xFF, flush.n, s));
         GPU_CHECK(cudaEventRecord(e0, s));
         BENCH_OK(fn(&prm, s));
         GPU_CHECK(cudaEventRecord(e1, s));
@@ -305,6 +308,7 @@ int main(int argc, char** argv) {
     else if (a == "--page" && i + 1 < argc) g_page = std::atoi(argv[++i]);
     else if (a == "--contiguous") g_contiguous = true;
     else if (a == "--chain") g_chain = true;
+    else if (a == "--no-flush") g_no_flush = true;
     else if (a == "--portable-only") portable_only = true;
     else if (a == "--sm90-only") portable_only = g_skip_portable = true;
     else if (a == "--plan") g_plan_rows = true;
@@ -315,8 +319,8 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
-                           "[--contiguous] [--chain] [--portable-only] [--sm90-only] [--plan] [--split-keys N] "
-                           "[--shape P,T,batch]\n");
+                           "[--contiguous] [--chain] [--no-flush] [--portable-only] [--sm90-only] [--plan] "
+                           "[--split-keys N] [--shape P,T,batch]\n");
       return 2;
     }
   }
@@ -344,9 +348,11 @@ int main(int argc, char** argv) {
               "keys; %s) on %s (%d SMs)\n",
               g_sm90 ? "timed" : "not run: not compute capability 9.0", prop.name, prop.multiProcessorCount);
   std::printf("# same-run device copy %.2f TB/s (read + write); roofline ceilings fixed at 4.3 TB/s and 790 TFLOP/s "
-              "(reference/mla-verify-attention.md); H = %d, page size %d, %s pages, %s trees, L2 flushed before each "
-              "sample; split_keys %d (both flash kernels)\n",
+              "(reference/mla-verify-attention.md); H = %d, page size %d, %s pages, %s trees, %s; split_keys %d (both "
+              "flash kernels)\n",
               copy_tbs, kHeads, g_page, g_contiguous ? "contiguous" : "shuffled", g_chain ? "chain" : "bushy",
+              g_no_flush ? "NO L2 flush (--no-flush: data and code of the previous call may be in L2)"
+                         : "L2 flushed before each sample",
               g_split_keys);
   std::printf("# bytes = batch x (1152 (P+T) + 2176 H T); FLOPs = batch x 2176 H T (P+T); fraction = roofline us / us\n\n");
   std::printf("| P | T | batch | kernel | us | TB/s | TFLOP/s | roofline us | fraction of roofline | fraction of copy BW | "
