@@ -273,7 +273,7 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
       if (!(le <= 1e-6 || le <= 8.0 / 65536 * std::abs(ref_lse[i]))) ok = false;
     }
     g_wrong += !ok;
-    // Time: one launch per sample, L2 flushed before each.
+    // Time: one launch per sample, L2 flushed before each (unless --no-flush).
     const double us = median_us(k.fn, !is_oracle ? 9 : (est_s > 0.05 ? 3 : (est_s > 0.002 ? 5 : 9)));
     const double tbs = bytes / (us * 1e-6) / 1e12, tflops = flops / (us * 1e-6) / 1e12, frac = roof_us / us;
     if (is_oracle) oracle_us = us;

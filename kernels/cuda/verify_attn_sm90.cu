@@ -1010,13 +1010,13 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         ws_ml[(prow0 + r) * 2] = m;
         ws_ml[(prow0 + r) * 2 + 1] = l;
       }
-      // (positions, not dims: the dims 16 m + 2 c (+ 1) and 16 m + 8 + 2 c (+ 1) of this warpgroup's 256 are one
-      // float4 at position 16 m + 4 c, partial_pos)
+      // (positions, not dims: the dims 16 b + 2 c (+ 1) and 16 b + 8 + 2 c (+ 1) of this warpgroup's 256 are one
+      // float4 at position 16 b + 4 c, partial_pos)
       float4* o = reinterpret_cast<float4*>(ws_o + (prow0 + r) * kDimV + 256 * wg + 4 * c);
 #pragma unroll
-      for (int m = 0; m < 16; ++m)
-        o[4 * m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
-                               acc[8 * m + 4 + 2 * half + 1]);
+      for (int b = 0; b < 16; ++b)  // (16-dim block b)
+        o[4 * b] = make_float4(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], acc[8 * b + 4 + 2 * half],
+                               acc[8 * b + 4 + 2 * half + 1]);
     } else {
       // No visible key <=> l = 0 (a finite visible score gives l >= 1); a NaN score makes l NaN: out and
       // lse NaN (also when every visible score is NaN and m stayed -inf).

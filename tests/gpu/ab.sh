@@ -5,8 +5,10 @@
 # and the new one back to back, a second sample of SHAPES (P,T,batch ...) alternating base / new, the portable
 # kernel's quick table for both (SKIP_PORTABLE=1 skips it), and the stamped profile of the new library when
 # packed with PROFILE=1. Variants (VARIANTS="name=<lib dir> ..." at pack time: .gpu-carry/variants/<name>/lib)
-# are timed beside them in the same call, each after its own attention GPU tests (SKIP_VARIANT_TESTS=1 skips
-# those), so several candidate changes share one device call. Prints the tests' summary, every planned shape that
+# are timed beside them in the same call, each after the new build's attention GPU tests run against its library
+# (SKIP_VARIANT_TESTS=1 skips those; a test that only a variant's branch adds is not among them, and a variant
+# must share the new build's headers: the test binary inlines the plan and workspace layouts), so several
+# candidate changes share one device call. The tarball is written on exit, also when the run is killed. Prints the tests' summary, every planned shape that
 # moved by more than 2%, the second samples and the geomeans of each library against the base
 # (tests/gpu/ab_summary.py); everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
 # 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
@@ -16,6 +18,9 @@ c=$PWD/.gpu-carry
 final=${OUT:-gpu-out}
 out=$(mktemp -d)/ab
 mkdir -p "$out" "$final"
+# (whatever was measured comes back even when the device's time limit ends the run)
+trap 'tar czf "$final/ab.tgz" -C "$(dirname "$out")" ab' EXIT
+trap 'exit 143' TERM INT
 start=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - start )) s"; }
 if [ ! -f "$c/base/lib/libddtree_kernels.so" ]; then
@@ -35,8 +40,8 @@ for v in "$c"/variants/*/lib/libddtree_kernels.so; do
   name=$(basename "$(dirname "$(dirname "$v")")")
   libs="$libs $name"
   if [ "${SKIP_VARIANT_TESTS:-0}" != 1 ]; then
-    LD_LIBRARY_PATH=$(libdir "$name") DDTREE_KERNELS_LIB=$(libdir "$name")/libddtree_kernels.so timeout 300 \
-      "$c/test_verify_attn_gpu" --gtest_brief=1 > "$out/verify_attn_gpu_$name.log" 2>&1
+    LD_LIBRARY_PATH=$(libdir "$name") timeout 300 "$c/test_verify_attn_gpu" --gtest_brief=1 \
+      > "$out/verify_attn_gpu_$name.log" 2>&1
     echo "variant $name: attention GPU tests exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$out/verify_attn_gpu_$name.log" | tr '\n' ' ')) at $(elapsed)"
   fi
 done
@@ -59,5 +64,4 @@ if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
 fi
 [ -x "$c/attn_profile_sm90" ] && LD_LIBRARY_PATH=$c/lib timeout 90 "$c/attn_profile_sm90" > "$out/profile_new.txt" 2>&1
 python3 tests/gpu/ab_summary.py "$out"
-tar czf "$final/ab.tgz" -C "$(dirname "$out")" ab
 echo "== done at $(elapsed)"

@@ -44,6 +44,9 @@ def main(out):
             continue
         new, un = table(f)
         print(f"== {lib} against base")
+        if not new:
+            print(f"NO ROWS in sm90_{lib}.txt: the bench failed for {lib} (see the file)")
+            continue
         print(f"sm90 shapes: base {len(base)}, {lib} {len(new)}; not checked against the host reference: {ub} / {un}")
         common = sorted(set(base) & set(new))
         print(f"planned shapes that moved by more than 2% (us base -> {lib}, {lib} / base):")

@@ -29,11 +29,13 @@ if [ -n "${BASE_LIB:-}" ]; then
   cp "$BASE_LIB"/libddtree_kernels.so .gpu-carry/base/lib/
 fi
 # Variant libraries for tests/gpu/ab.sh, timed beside base and new (VARIANTS="name=<dir holding
-# libddtree_kernels.so> ...", e.g. other branches' builds; names: letters, digits, - and _).
+# libddtree_kernels.so> ...", e.g. other branches' builds; names: letters, digits, - and _, not base or new; paths
+# without spaces). Each adds ~8 MB to .gpu-carry (the device's carry limit is 64 MiB: about 4 variants).
 for v in ${VARIANTS:-}; do
+  case $v in *=*) ;; *) echo "variant without name=dir: $v"; exit 2 ;; esac
   name=${v%%=*}
   dir=${v#*=}
-  case $name in *[!A-Za-z0-9_-]*|"") echo "bad variant name: $name"; exit 2 ;; esac
+  case $name in *[!A-Za-z0-9_-]*|""|base|new) echo "bad variant name: $name"; exit 2 ;; esac
   mkdir -p ".gpu-carry/variants/$name/lib"
   cp "$dir"/libddtree_kernels.so ".gpu-carry/variants/$name/lib/"
 done
