@@ -43,12 +43,17 @@ int main(int argc, char** argv) {
   }
   for (int run = 0; run < 3; ++run) {
     where_am_i<<<grid, 128, smem>>>(d, 200000);
-    if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
-      std::printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+      std::printf("launch failed: %s\n", cudaGetErrorString(e));
       return 1;
     }
     std::vector<int> h(grid);
-    cudaMemcpy(h.data(), d, grid * sizeof(int), cudaMemcpyDeviceToHost);
+    if ((e = cudaMemcpy(h.data(), d, grid * sizeof(int), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+      std::printf("copy failed: %s\n", cudaGetErrorString(e));
+      return 1;
+    }
     int same_tpc = 0;
     for (int c = 0; c + 1 < grid; c += 2) same_tpc += (h[c] >> 1) == (h[c + 1] >> 1);
     std::printf("run %d, %d CTAs on %d SMs: CTA -> SM", run, grid, sms);
