@@ -96,6 +96,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
                                                   uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -141,9 +144,11 @@ struct Smem {
 // Thread (warp, lane = 4 g + c) holds S^T / O^T fragment elements (key or dim g (+ 8), row 2 c (+ 1)) per n-tile.
 // One work item: rows [32 t, 32 t + 32) of request r (q) against key tiles [kt_begin, kt_end) of its split;
 // kNT = 0: the wide path (32 rows as M), 1 / 2: the narrow path.
-// (__noinline__: each path gets its own register allocation; the three inlined into the one kernel spilled 44 B)
+// (The three paths inlined into the one kernel spill 44 B, all in the persistent loop's setup, none between the first
+// and the last MMA (cuobjdump). __noinline__ removed the spills but put the params on the stack: ~24 local loads per
+// tile in every path.)
 template <int kNT>
-__device__ __noinline__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const Request& q,
+__device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const Request& q,
                              const Smem& sm, float* ws_o, float* ws_ml) {
   constexpr bool kNarrow = kNT > 0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -312,7 +317,9 @@ __device__ __noinline__ void process_item(const ddt_verify_attn_params& p, int s
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) mma_bf16(sp[nt], ka, qT[ks][nt][0], qT[ks][nt][1]);
       }
-      // (key, row) of the fragment to the wide path's [quarter][row][key] layout
+      // (key, row) of the fragment to the wide path's [quarter][row][key] layout. Rows 8 kNT .. 31 of the buffer keep
+      // what an earlier item or the request scan left there (any bits, NaN too): the softmax below turns every score
+      // of a row past rows_here into -inf before any arithmetic, so nothing of them reaches a valid row.
       float* dst = sm.sp + dq * (kBM * kSpStride);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -427,13 +434,19 @@ __device__ __noinline__ void process_item(const ddt_verify_attn_params& p, int s
       for (int ks = 0; ks < kBN / 16; ++ks) {
         // B = P^T: P's rows 8 nt + (0..7), keys 16 ks + (0..7) and (8..15): matrices (rows 0-7, keys 0-7), (rows 0-7,
         // keys 8-15), (rows 8-15, keys 0-7), (rows 8-15, keys 8-15)
-        uint32_t ph[4], pl[4];
+        // (kNT 1: the first two matrices only, by .x2, whose addresses come from lanes 0-15)
+        uint32_t ph[2 * kNT], pl[2 * kNT];
         {
           const int row = (lane & 7) + ((lane >> 4) << 3);
           const int col = ks * 16 + (((lane >> 3) & 1) << 3);
           const uint32_t off = uint32_t((row * kPStride + col) * 2);
-          ldmatrix_x4(phi + off, ph[0], ph[1], ph[2], ph[3]);
-          ldmatrix_x4(plo + off, pl[0], pl[1], pl[2], pl[3]);
+          if constexpr (kNT == 2) {
+            ldmatrix_x4(phi + off, ph[0], ph[1], ph[2], ph[3]);
+            ldmatrix_x4(plo + off, pl[0], pl[1], pl[2], pl[3]);
+          } else {
+            ldmatrix_x2(phi + off, ph[0], ph[1]);
+            ldmatrix_x2(plo + off, pl[0], pl[1]);
+          }
         }
 #pragma unroll
         for (int a = 0; a < 4; ++a) {  // dims 64 warp + 16 a .. + 15
