@@ -407,9 +407,14 @@ Result run_gpu_with_qtma(const Problem& p, KernelFn fn, const char* value) {
   return run_gpu_with_env(p, fn, "DDTREE_SM90_QTMA", value);
 }
 
-TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
-  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
-  struct Setup { const char* name; Problem p; };
+// Problems with requests of at most 16 rows (the flash kernels' narrow paths) beside wider ones: H 8 / 16 / 5, page
+// size 64 and 1, peaked scores, NaN scores.
+struct NarrowSetup {
+  const char* name;
+  Problem p;
+};
+std::vector<NarrowSetup> narrow_setups() {
+  using Setup = NarrowSetup;
   const std::vector<ReqSpec> common = {{0, 1, Shape::kChain},   {1, 1, Shape::kChain},    {63, 1, Shape::kChain},
                                        {64, 1, Shape::kChain},  {65, 1, Shape::kChain},   {511, 1, Shape::kChain},
                                        {512, 1, Shape::kChain}, {1000, 2, Shape::kChain}, {2047, 2, Shape::kStar},
@@ -423,7 +428,9 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
     o.extra_rows = extra_rows;
     return make_problem(seed, reqs, o);
   };
-  const std::vector<ReqSpec> h5 = {{100, 3, Shape::kChain}, {129, 3, Shape::kStar}, {4000, 2, Shape::kChain}};
+  // (H 5: 15, 15, 10 and 5 rows: both narrow widths, partly empty n-tiles)
+  const std::vector<ReqSpec> h5 = {{100, 3, Shape::kChain}, {129, 3, Shape::kStar}, {4000, 2, Shape::kChain},
+                                   {700, 1, Shape::kChain}};
   std::vector<Setup> setups = {{"H 8 page 64", problem(105, 8, 64, common)},
                                {"H 8 page 1", problem(106, 8, 1, common)},
                                {"H 16 page 64", problem(107, 16, 64, common)},
@@ -438,6 +445,13 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
     p.kv[size_t(p.page_table[size_t(1) * p.max_pages]) * 64 * kQK + 5 * kQK + 7] = kNaN16;
     setups.push_back({"H 8 NaN scores", p});
   }
+  return setups;
+}
+
+TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  using Setup = NarrowSetup;
+  const std::vector<Setup> setups = narrow_setups();
   const char* saved = std::getenv("DDTREE_SM90_NARROW");
   const std::string saved_value = saved ? saved : "";
   for (const Setup& su : setups) {
@@ -480,6 +494,42 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
   }
   if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
   else unsetenv("DDTREE_SM90_NARROW");
+}
+
+// The portable kernel's narrow path (requests of at most 8 / 16 rows: the MMAs with rows as N) gives the wide path's
+// bits for every row, at every split length, and runs (DDT_DATA_PROBE_NARROW with DDTREE_PORTABLE_NARROW=probe).
+TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
+  const std::vector<NarrowSetup> setups = narrow_setups();
+  const char* saved = std::getenv("DDTREE_PORTABLE_NARROW");
+  const std::string saved_value = saved ? saved : "";
+  for (const NarrowSetup& su : setups) {
+    const Problem& p = su.p;
+    const int H = p.opt.heads;
+    const Result cpu = run_cpu(p);
+    for (KernelFn fn : {portable<0>, portable<64>, portable<96>, portable<512>}) {
+      setenv("DDTREE_PORTABLE_NARROW", "probe", 1);
+      const Result narrow = run_gpu(p, fn);
+      setenv("DDTREE_PORTABLE_NARROW", "0", 1);
+      const Result wide = run_gpu(p, fn);
+      EXPECT_EQ(narrow.status, cpu.status | DDT_DATA_PROBE_NARROW) << su.name << ": the narrow path did not run";
+      EXPECT_EQ(wide.status, cpu.status) << su.name;
+      const int rows_differ = rows_differing(narrow, wide);
+      Result narrow_status_masked = narrow;
+      narrow_status_masked.status &= ~DDT_DATA_PROBE_NARROW;
+      const Report rep = compare_results(narrow_status_masked, cpu, H, Tol{});
+      std::printf("  portable narrow vs wide %-15s: %d of %zu rows differ; narrow vs twin: %s\n", su.name, rows_differ,
+                  wide.lse.size(), rep.str().c_str());
+      EXPECT_EQ(rows_differ, 0) << su.name;
+      EXPECT_TRUE(rep.ok) << su.name << ": " << rep.str();
+      if (std::string(su.name).find("NaN") != std::string::npos) {
+        int nan_rows = 0;
+        for (float l : wide.lse) nan_rows += std::isnan(l);
+        EXPECT_EQ(nan_rows, 17) << "1 + 2 x 8 NaN rows";
+      }
+    }
+  }
+  if (saved) setenv("DDTREE_PORTABLE_NARROW", saved_value.c_str(), 1);
+  else unsetenv("DDTREE_PORTABLE_NARROW");
 }
 
 // Slices request r out of p into a batch-1 problem over the same KV cache and page numbering.
