@@ -606,10 +606,15 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 }
 
 // ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.
-// narrow_mode: 1 = requests of at most 16 rows take the narrow path (process_item<1> / <2>), 0 = off
-// (DDTREE_PORTABLE_NARROW=0), 2 = on and each narrow item sets DDT_DATA_PROBE_NARROW (=probe: the tests' evidence).
+// kWithNarrow: requests of at most 16 rows take the narrow path (process_item<1> / <2>); the kernel without it runs
+// every item on the wide path. Two kernels because the narrow paths inlined beside the wide one raise the kernel to
+// 255 registers and 32 B of stack, and the wide path then runs 3-4% slower (S39, measured); the bits of a row do not
+// depend on the kernel (the paths are bitwise equal: PortableNarrowPathEqualsWidePathBitwise), so the launcher may
+// pick either per call. probe: each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_PORTABLE_NARROW=probe: the tests'
+// evidence).
+template <bool kWithNarrow>
 __global__ void __launch_bounds__(kThreads, 1)
-    verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml, int narrow_mode) {
+    verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml, int probe) {
   pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
   extern __shared__ __align__(128) unsigned char smem[];
   Smem sm;
@@ -620,22 +625,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm.alpha = reinterpret_cast<float*>(smem + kSmemKv + kSmemSp + kSmemP);
   sm.inv_l = sm.alpha + kBM;
   run_flash_items<kBM>(p, split_keys, reinterpret_cast<int*>(sm.sp), [&](const Item& item, const PlanItem*) {
-    // The path from the request's row count alone (batch invariant; a request of a bad shape is poisoned the same
-    // way on every path).
     const Request q = make_request(p, item.r);
-    const int64_t n_rows = int64_t(q.nodes) * p.heads;
-    const bool narrow = narrow_mode != 0 && n_rows <= 16;
-    if (narrow && n_rows <= 8) process_item<1>(p, split_keys, item, q, sm, ws_o, ws_ml);
-    else if (narrow) process_item<2>(p, split_keys, item, q, sm, ws_o, ws_ml);
-    else process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
-    if (narrow && narrow_mode == 2 && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_PROBE_NARROW);
+    if constexpr (kWithNarrow) {
+      // The path from the request's row count alone (batch invariant; a request of a bad shape is poisoned the
+      // same way on every path).
+      const int64_t n_rows = int64_t(q.nodes) * p.heads;
+      if (n_rows <= 8) process_item<1>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      else if (n_rows <= 16) process_item<2>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      else process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      if (n_rows <= 16 && probe && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_PROBE_NARROW);
+    } else {
+      process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
+    }
   });
 }
 
-// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident.
+// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident (of both
+// kernels: the smaller).
 FlashDeviceInfo device_info() {
-  return cached_device_info(
-      [](int dev) { return resident_grids(verify_attn_portable_kernel, kThreads, kSmemBytes, dev); });
+  return cached_device_info([](int dev) {
+    FlashDeviceInfo wide = resident_grids(verify_attn_portable_kernel<false>, kThreads, kSmemBytes, dev);
+    const FlashDeviceInfo narrow = resident_grids(verify_attn_portable_kernel<true>, kThreads, kSmemBytes, dev);
+    if (narrow.state != 1) return narrow;
+    wide.main_ctas = std::min(wide.main_ctas, narrow.main_ctas);
+    return wide;
+  });
 }
 
 }  // namespace
@@ -657,12 +671,18 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   float* ws_o = static_cast<float*>(workspace);
   float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // The narrow path unless DDTREE_PORTABLE_NARROW=0; =probe also marks the status word (read per call: the tests
-  // compare both paths; a captured CUDA graph keeps the value of its capture).
+  // The kernel with the narrow path when the average request has at most 16 rows (decode-like batches: heads x
+  // total_nodes <= 16 x batch), else the one without (tree batches). DDTREE_PORTABLE_NARROW=0 never takes it, =1
+  // always, =probe always and marks the status word (read per call: the tests compare both paths; a captured CUDA
+  // graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_PORTABLE_NARROW");
-  const int narrow = !narrow_env ? 1 : std::strcmp(narrow_env, "0") == 0 ? 0 : std::strcmp(narrow_env, "probe") == 0 ? 2 : 1;
-  attn::verify_attn_portable_kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o,
-                                                                                             ws_ml, narrow);
+  const bool probe = narrow_env && std::strcmp(narrow_env, "probe") == 0;
+  const bool forced_off = narrow_env && std::strcmp(narrow_env, "0") == 0;
+  const bool forced_on = probe || (narrow_env && std::strcmp(narrow_env, "1") == 0);
+  const bool decode_like = int64_t(p->heads) * p->total_nodes <= 16 * int64_t(p->batch);
+  const bool with_narrow = !forced_off && (forced_on || decode_like);
+  auto* kernel = with_narrow ? attn::verify_attn_portable_kernel<true> : attn::verify_attn_portable_kernel<false>;
+  kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml, probe ? 1 : 0);
   DDT_CUDA_LAUNCHED();
   return attn::launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s);
 }
