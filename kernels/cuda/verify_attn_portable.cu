@@ -384,11 +384,11 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
       const float m_new = fmaxf(m_run, mx);
       const float m_use = m_new == num::kNegInf ? 0.0f : m_new;  // no key yet: keep e^(-inf) = 0, not NaN
-      const float alpha = exp2f(m_run - m_use);
+      const float alpha = exp2_ftz(m_run - m_use);
       float pe[4], sum = 0.0f;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        pe[e] = exp2f(s[e] - m_use);
+        pe[e] = exp2_ftz(s[e] - m_use);
         sum += pe[e];
       }
       l_run = l_run * alpha + sum;  // this thread's 4-key share; the row's 8 shares are added at the end

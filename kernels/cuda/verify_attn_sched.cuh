@@ -103,6 +103,14 @@ __device__ __forceinline__ long long globaltimer_ns() {
 #define DDT_PROF_COUNT(slot) do {} while (0)
 #endif
 
+// 2^x by the MUFU alone (ex2.approx.ftz): the same bits as exp2f wherever the result is normal (x >= -126, where
+// exp2f is this instruction; below it exp2f adds a compare and two multiplies for a denormal result), 0 below (a
+// softmax weight under 2^-126 of the row's largest, which is 1). The flash kernels' softmax (every path alike).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 // ---- cp.async (sm_80+), used by both flash kernels ----
 // 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading src.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {

@@ -573,14 +573,14 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       for (int i = 0; i < 4; ++i) {
         const float mnew = fmaxf(m_run[i], tile_max(8 * (i >> 1) + 2 * c + (i & 1)));
         muse[i] = mnew == num::kNegInf ? 0.0f : mnew;
-        alpha[i] = exp2f(m_run[i] - muse[i]);
+        alpha[i] = exp2_ftz(m_run[i] - muse[i]);
         m_run[i] = mnew;
       }
       float alpha_l;
       {  // the row-sum thread's row (read here: red is rewritten after the next tile's barrier B)
         const float mnew = fmaxf(l_m, tile_max(ln));
         const float mu = mnew == num::kNegInf ? 0.0f : mnew;
-        alpha_l = exp2f(l_m - mu);
+        alpha_l = exp2_ftz(l_m - mu);
         l_m = mnew;
       }
       // P = exp2(s - m) as bf16 hi + lo into P^T [row][key] of buffer buf (K-major, swizzled), f32 P for the
@@ -598,7 +598,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int key = kal + 8 * h;
-          const float pv = exp2f(s[ri + 2 * h] - muse[i]);
+          const float pv = exp2_ftz(s[ri + 2 * h] - muse[i]);
           const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
           const __nv_bfloat16 lo = __float2bfloat16_rn(pv - __bfloat162float(hi));
           const uint32_t off = sw128_off(n, key >> 3) + 2 * (key & 7);
@@ -919,7 +919,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     const float mb_new = fmaxf(m_b, fmaxf(red[rb], red[kRows + rb]));
     const float ma_use = ma_new == num::kNegInf ? 0.0f : ma_new;  // no key yet: e^(-inf) = 0, not NaN
     const float mb_use = mb_new == num::kNegInf ? 0.0f : mb_new;
-    const float alpha_a = exp2f(m_a - ma_use), alpha_b = exp2f(m_b - mb_use);
+    const float alpha_a = exp2_ftz(m_a - ma_use), alpha_b = exp2_ftz(m_b - mb_use);
     m_a = ma_new;
     m_b = mb_new;
     float sum_a = 0.0f, sum_b = 0.0f;
@@ -932,8 +932,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     const int ral = 16 * ((tl >> 5) & 3) + ((tl >> 2) & 7), cl = tl & 3, wgl = tl >> 7;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float pa0 = exp2f(s[4 * j] - ma_use), pa1 = exp2f(s[4 * j + 1] - ma_use);
-      const float pb0 = exp2f(s[4 * j + 2] - mb_use), pb1 = exp2f(s[4 * j + 3] - mb_use);
+      const float pa0 = exp2_ftz(s[4 * j] - ma_use), pa1 = exp2_ftz(s[4 * j + 1] - ma_use);
+      const float pb0 = exp2_ftz(s[4 * j + 2] - mb_use), pb1 = exp2_ftz(s[4 * j + 3] - mb_use);
       sum_a += pa0 + pa1;
       sum_b += pb0 + pb1;
       // P = hi + lo, both bf16 (p - hi is exact in f32); key chunk 4 wg + j, bytes 4 c of it.
