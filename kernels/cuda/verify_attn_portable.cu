@@ -30,6 +30,10 @@
 //    bar on peaked attention over few keys) and the rescale factor to shared memory. Then
 //    O[32 x 512] = alpha O + P_hi V + P_lo V, V = dims 0..511 of the same KV tile: warp w owns output dims
 //    [64 w, 64 w + 64) of all 32 rows (64 f32 accumulators per thread).
+//  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_item<1 / 2>:
+//    rows as the MMA's N, S^T = K Q^T and O^T = V^T P^T), bitwise equal to the 32-row path above. The kernel comes
+//    in two instantiations, with and without the narrow path; the launcher takes the former for decode-like
+//    batches (DDTREE_PORTABLE_NARROW=0 / 1 / probe force it; below and docs/PERF_NOTES.md S39).
 //  - KV tiles: 8 threads per key slot, each slot's address through the page table (any page size >= 1);
 //    slots >= P + N are zero-filled (cp.async src-size 0) and never read from global memory; 16-byte chunks
 //    XOR-swizzled by (slot & 7) so ldmatrix (K for QK, .trans for V) is free of bank conflicts.
@@ -144,9 +148,9 @@ struct Smem {
 // Thread (warp, lane = 4 g + c) holds S^T / O^T fragment elements (key or dim g (+ 8), row 2 c (+ 1)) per n-tile.
 // One work item: rows [32 t, 32 t + 32) of request r (q) against key tiles [kt_begin, kt_end) of its split;
 // kNT = 0: the wide path (32 rows as M), 1 / 2: the narrow path.
-// (The three paths inlined into the one kernel spill 44 B, all in the persistent loop's setup, none between the first
-// and the last MMA (cuobjdump). __noinline__ removed the spills but put the params on the stack: ~24 local loads per
-// tile in every path.)
+// (The kernel with the narrow path inlines all three: 255 registers, 40 B of stack on sm_90 (56 / 76 B of spill
+// stores / loads; sm_80: 16 B, 12 / 20 B), outside the tile loops (cuobjdump); the kernel without it: 233 registers,
+// no stack. __noinline__ per path removed the spills but put the params on the stack: ~24 local loads per tile.)
 template <int kNT>
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const Request& q,
                              const Smem& sm, float* ws_o, float* ws_ml) {
@@ -318,8 +322,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         for (int nt = 0; nt < kNT; ++nt) mma_bf16(sp[nt], ka, qT[ks][nt][0], qT[ks][nt][1]);
       }
       // (key, row) of the fragment to the wide path's [quarter][row][key] layout. Rows 8 kNT .. 31 of the buffer keep
-      // what an earlier item or the request scan left there (any bits, NaN too): the softmax below turns every score
-      // of a row past rows_here into -inf before any arithmetic, so nothing of them reaches a valid row.
+      // what an earlier item or the request scan left there (any bits, NaN too): the softmax below sums them, then
+      // selects -inf for every score of a row past rows_here before any further use, so nothing of them reaches a
+      // valid row.
       float* dst = sm.sp + dq * (kBM * kSpStride);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -608,7 +613,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.
 // kWithNarrow: requests of at most 16 rows take the narrow path (process_item<1> / <2>); the kernel without it runs
 // every item on the wide path. Two kernels because the narrow paths inlined beside the wide one raise the kernel to
-// 255 registers and 32 B of stack, and the wide path then runs 3-4% slower (S39, measured); the bits of a row do not
+// 255 registers and 40 B of stack, and the wide path then runs 3-4% slower (S39, measured); the bits of a row do not
 // depend on the kernel (the paths are bitwise equal: PortableNarrowPathEqualsWidePathBitwise), so the launcher may
 // pick either per call. probe: each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_PORTABLE_NARROW=probe: the tests'
 // evidence).
@@ -672,7 +677,9 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The kernel with the narrow path when the average request has at most 16 rows (decode-like batches: heads x
-  // total_nodes <= 16 x batch), else the one without (tree batches). DDTREE_PORTABLE_NARROW=0 never takes it, =1
+  // total_nodes <= 16 x batch; total_nodes is the rows' capacity, so padding rows count: a decode batch captured
+  // with much padding takes the kernel without, 1.2x slower at T 1, never wrong), else the one without (tree
+  // batches). DDTREE_PORTABLE_NARROW=0 never takes it, =1
   // always, =probe always and marks the status word (read per call: the tests compare both paths; a captured CUDA
   // graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_PORTABLE_NARROW");

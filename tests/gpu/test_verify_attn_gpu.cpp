@@ -452,14 +452,16 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
   if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
   using Setup = NarrowSetup;
   const std::vector<Setup> setups = narrow_setups();
+  for (const Setup& su : setups) {  // (checked before the environment is changed: an ASSERT returns early)
+    bool has_narrow = false;
+    for (int r = 0; r < su.p.batch; ++r) has_narrow |= (su.p.offsets[r + 1] - su.p.offsets[r]) * su.p.opt.heads <= 16;
+    ASSERT_TRUE(has_narrow) << su.name;
+  }
   const char* saved = std::getenv("DDTREE_SM90_NARROW");
   const std::string saved_value = saved ? saved : "";
   for (const Setup& su : setups) {
     const Problem& p = su.p;
     const int H = p.opt.heads;
-    bool has_narrow = false;
-    for (int r = 0; r < p.batch; ++r) has_narrow |= (p.offsets[r + 1] - p.offsets[r]) * H <= 16;
-    ASSERT_TRUE(has_narrow) << su.name;
     const Result cpu = run_cpu(p);
     for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>}) {
       setenv("DDTREE_SM90_NARROW", "probe", 1);
