@@ -18,6 +18,7 @@
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/numerics.h"
+#include "kernels/cuda/fast_math.cuh"
 #include "kernels/common/validate.h"
 #include "kernels/common/verify_attn_index.h"
 #include "kernels/common/verify_attn_split.h"
@@ -103,15 +104,6 @@ __device__ __forceinline__ long long globaltimer_ns() {
 #define DDT_PROF_COUNT(slot) do {} while (0)
 #endif
 
-// 2^x by the MUFU alone (ex2.approx.ftz): the same bits as exp2f wherever the result is normal (x >= -126, where
-// exp2f is this instruction; below it exp2f adds a compare and two multiplies for a denormal result), 0 below (a
-// softmax weight under 2^-126 of the row's largest, which is 1). The flash kernels' softmax (every path alike);
-// the combine keeps exp2f (both its schedules call it alike; a split's weight is one exp per row).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 // ---- cp.async (sm_80+), used by both flash kernels ----
 // 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading src.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {

@@ -21,6 +21,7 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the exit 
   tail -n ${TAIL:-25} "$out/$name.log"
 }
 step gpu_tests "$c/test_kernels_gpu" ${GTEST_ARGS:-}
+[ -x "$c/test_fast_math_gpu" ] && step fast_math_gpu "$c/test_fast_math_gpu" ${GTEST_ARGS:-}
 [ "${SKIP_PY:-0}" = 1 ] || step python_ref python3 -m pytest -q -rs -p no:cacheprovider tests/python
 [ "${SKIP_DEMO:-0}" = 1 ] || step demo "$c/ddtree-demo" --backend cuda --batch 2 --budget 32 --depth 6
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then TAIL=60 step bench "$c/bench_kernels" ${BENCH_ARGS:-}; fi
