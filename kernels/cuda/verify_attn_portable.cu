@@ -70,6 +70,8 @@ constexpr int kStepsPerWarp = kQKSteps / 4;  // 9: each warp covers a quarter of
 constexpr int kSpStride = kBN + 8;      // f32 row stride of the partial-score buffer (conflict-free float2 stores)
 constexpr int kPStride = kBN + 8;       // bf16 row stride of P (80 bytes: conflict-free ldmatrix)
 static_assert(kDimQK == 576 && kDimV == 512, "tiling below assumes 512 latent + 64 rope dims");
+constexpr int kNarrowN = 8;                      // the narrow path's rows per n-tile (mma.sync's N)
+constexpr int kNarrowRows = 2 * kNarrowN;        // requests of at most 16 rows take the narrow path (kNT 1 or 2)
 static_assert(kWarps * 64 == kDimV, "each warp owns 64 output dims");
 static_assert(kBM == 32 && kBN == 32 && kThreads == kBM * 8, "softmax mapping: 8 threads per row, 4 keys each");
 static_assert(kThreads == kBN * 8 && kChunks % 8 == 0, "KV loader: 8 threads per slot, 9 chunks each");
@@ -635,10 +637,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The path from the request's row count alone (batch invariant; a request of a bad shape is poisoned the
       // same way on every path).
       const int64_t n_rows = int64_t(q.nodes) * p.heads;
-      if (n_rows <= 8) process_item<1>(p, split_keys, item, q, sm, ws_o, ws_ml);
-      else if (n_rows <= 16) process_item<2>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      if (n_rows <= kNarrowN) process_item<1>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      else if (n_rows <= kNarrowRows) process_item<2>(p, split_keys, item, q, sm, ws_o, ws_ml);
       else process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
-      if (n_rows <= 16 && probe && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_PROBE_NARROW);
+      if (n_rows <= kNarrowRows && probe && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_PROBE_NARROW);
     } else {
       process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
     }
@@ -686,7 +688,7 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   const bool probe = narrow_env && std::strcmp(narrow_env, "probe") == 0;
   const bool forced_off = narrow_env && std::strcmp(narrow_env, "0") == 0;
   const bool forced_on = probe || (narrow_env && std::strcmp(narrow_env, "1") == 0);
-  const bool decode_like = int64_t(p->heads) * p->total_nodes <= 16 * int64_t(p->batch);
+  const bool decode_like = int64_t(p->heads) * p->total_nodes <= attn::kNarrowRows * int64_t(p->batch);
   const bool with_narrow = !forced_off && (forced_on || decode_like);
   auto* kernel = with_narrow ? attn::verify_attn_portable_kernel<true> : attn::verify_attn_portable_kernel<false>;
   kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml, probe ? 1 : 0);
