@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Compiles the portable tree-verify attention kernel (kernels/cuda/verify_attn_portable.cu) for the smallest and
+# the largest targets it promises besides sm_90 (sm_80, sm_120; sm_120 allows 99 KB of shared memory per CTA) with
+# ptxas diagnostics and fails when:
+#  - the kernel without the narrow path (verify_attn_portable_kernel<false>, every tree batch) spills at all (it runs
+#    at 232-233 registers with none: docs/PERF_NOTES.md S39), or the one with it spills more than a budget (its 12-56
+#    B lie outside the tile loops; a larger number is a new spill to look at);
+#  - either kernel's static shared memory exceeds kSmemStatic (384 B), which the dynamic part's static_assert
+#    assumes on the 99 KB targets (past it the launcher's shared-memory opt-in fails at run time).
+# Usage: check_portable_ptxas.sh NVCC SOURCE_ROOT [MAX_NARROW_SPILL_BYTES]
+set -euo pipefail
+nvcc=$1
+root=$2
+max_narrow_spill=${3:-96}
+max_static=384
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+status=0
+for arch in 80 120; do
+  log="$out/ptxas_$arch.log"
+  "$nvcc" -std=c++20 -gencode=arch=compute_$arch,code=sm_$arch -O3 -I"$root/kernels/include" -I"$root" \
+    -c "$root/kernels/cuda/verify_attn_portable.cu" -o "$out/portable_$arch.o" -Xptxas -v >"$log" 2>&1 || {
+    cat "$log"
+    echo "FAIL: the portable kernel does not compile for sm_$arch"
+    exit 1
+  }
+  for inst in 0 1; do
+    props=$(grep -A2 "Function properties for .*verify_attn_portable_kernelILb${inst}E" "$log" || true)
+    stores=$(echo "$props" | grep -o "[0-9]* bytes spill stores" | grep -o "^[0-9]*" | head -n 1 || true)
+    loads=$(echo "$props" | grep -o "[0-9]* bytes spill loads" | grep -o "^[0-9]*" | head -n 1 || true)
+    smem=$(echo "$props" | grep -o "[0-9]* bytes smem" | grep -o "^[0-9]*" | head -n 1 || true)
+    if [ -z "$stores" ] || [ -z "$loads" ] || [ -z "$smem" ]; then
+      cat "$log"
+      echo "FAIL: no ptxas resource line for verify_attn_portable_kernel<$([ $inst = 1 ] && echo true || echo false)>"
+      exit 1
+    fi
+    budget=$([ "$inst" = 1 ] && echo "$max_narrow_spill" || echo 0)
+    name=$([ "$inst" = 1 ] && echo "with the narrow path" || echo "without the narrow path")
+    echo "sm_$arch, kernel $name: $stores / $loads bytes of spill stores / loads (budget $budget), $smem bytes of static shared memory (bound $max_static)"
+    if [ "$stores" -gt "$budget" ] || [ "$loads" -gt "$budget" ]; then
+      echo "FAIL: spills above the budget"
+      status=1
+    fi
+    if [ "$smem" -gt "$max_static" ]; then
+      echo "FAIL: static shared memory above kSmemStatic"
+      status=1
+    fi
+  done
+done
+[ "$status" = 0 ] && echo "ok: the portable kernel compiles for sm_80 and sm_120 within its spill and shared-memory bounds"
+exit $status
