@@ -448,6 +448,28 @@ std::vector<NarrowSetup> narrow_setups() {
   return setups;
 }
 
+// One kernel's narrow-path result (DDTREE_*_NARROW=probe) against its wide-path result (=0) and the CPU twin: the
+// narrow path ran (its probe bit), gives every row the wide path's bits and meets the bar; the NaN-score setup has
+// its 17 NaN rows.
+void expect_narrow_equals_wide(const NarrowSetup& su, const Result& narrow, const Result& wide, const Result& cpu,
+                               const char* kernel) {
+  EXPECT_EQ(narrow.status, cpu.status | DDT_DATA_PROBE_NARROW) << su.name << ": the narrow path did not run";
+  EXPECT_EQ(wide.status, cpu.status) << su.name;
+  const int rows_differ = rows_differing(narrow, wide);
+  int nan_rows = 0;
+  for (float l : wide.lse) nan_rows += std::isnan(l);
+  Result narrow_status_masked = narrow;
+  narrow_status_masked.status &= ~DDT_DATA_PROBE_NARROW;
+  const Report rep = compare_results(narrow_status_masked, cpu, su.p.opt.heads, Tol{});
+  std::printf("  %s narrow vs wide %-15s: %d of %zu rows differ (%d NaN rows); narrow vs twin: %s\n", kernel, su.name,
+              rows_differ, wide.lse.size(), nan_rows, rep.str().c_str());
+  EXPECT_EQ(rows_differ, 0) << su.name;
+  EXPECT_TRUE(rep.ok) << su.name << ": " << rep.str();
+  if (std::string(su.name).find("NaN") != std::string::npos) {
+    EXPECT_EQ(nan_rows, 17) << "1 + 2 x 8 NaN rows";
+  }
+}
+
 TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
   if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
   using Setup = NarrowSetup;
@@ -461,7 +483,6 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
   const std::string saved_value = saved ? saved : "";
   for (const Setup& su : setups) {
     const Problem& p = su.p;
-    const int H = p.opt.heads;
     const Result cpu = run_cpu(p);
     for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>}) {
       setenv("DDTREE_SM90_NARROW", "probe", 1);
@@ -477,21 +498,7 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
       EXPECT_EQ(rows_differing(wide, wide_cp), 0) << su.name << ": wide path, Q by TMA vs cp.async";
       EXPECT_EQ(narrow_cp.status, narrow.status) << su.name;
       EXPECT_EQ(wide_cp.status, wide.status) << su.name;
-      EXPECT_EQ(narrow.status, cpu.status | DDT_DATA_PROBE_NARROW) << su.name << ": the narrow path did not run";
-      EXPECT_EQ(wide.status, cpu.status) << su.name;
-      const int rows_differ = rows_differing(narrow, wide);
-      int nan_rows = 0;
-      for (float l : wide.lse) nan_rows += std::isnan(l);
-      Result narrow_status_masked = narrow;
-      narrow_status_masked.status &= ~DDT_DATA_PROBE_NARROW;
-      const Report rep = compare_results(narrow_status_masked, cpu, H, Tol{});
-      std::printf("  narrow vs wide %-15s: %d of %zu rows differ (%d NaN rows); narrow vs twin: %s\n", su.name,
-                  rows_differ, wide.lse.size(), nan_rows, rep.str().c_str());
-      EXPECT_EQ(rows_differ, 0) << su.name;
-      EXPECT_TRUE(rep.ok) << su.name << ": " << rep.str();
-      if (std::string(su.name).find("NaN") != std::string::npos) {
-        EXPECT_EQ(nan_rows, 17) << "1 + 2 x 8 NaN rows";
-      }
+      expect_narrow_equals_wide(su, narrow, wide, cpu, "sm90");
     }
   }
   if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
@@ -501,37 +508,14 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
 // The portable kernel's narrow path (requests of at most 8 / 16 rows: the MMAs with rows as N) gives the wide path's
 // bits for every row, at every split length, and runs (DDT_DATA_PROBE_NARROW with DDTREE_PORTABLE_NARROW=probe).
 TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
-  const std::vector<NarrowSetup> setups = narrow_setups();
-  const char* saved = std::getenv("DDTREE_PORTABLE_NARROW");
-  const std::string saved_value = saved ? saved : "";
-  for (const NarrowSetup& su : setups) {
-    const Problem& p = su.p;
-    const int H = p.opt.heads;
-    const Result cpu = run_cpu(p);
+  for (const NarrowSetup& su : narrow_setups()) {
+    const Result cpu = run_cpu(su.p);
     for (KernelFn fn : {portable<0>, portable<64>, portable<96>, portable<512>}) {
-      setenv("DDTREE_PORTABLE_NARROW", "probe", 1);
-      const Result narrow = run_gpu(p, fn);
-      setenv("DDTREE_PORTABLE_NARROW", "0", 1);
-      const Result wide = run_gpu(p, fn);
-      EXPECT_EQ(narrow.status, cpu.status | DDT_DATA_PROBE_NARROW) << su.name << ": the narrow path did not run";
-      EXPECT_EQ(wide.status, cpu.status) << su.name;
-      const int rows_differ = rows_differing(narrow, wide);
-      Result narrow_status_masked = narrow;
-      narrow_status_masked.status &= ~DDT_DATA_PROBE_NARROW;
-      const Report rep = compare_results(narrow_status_masked, cpu, H, Tol{});
-      std::printf("  portable narrow vs wide %-15s: %d of %zu rows differ; narrow vs twin: %s\n", su.name, rows_differ,
-                  wide.lse.size(), rep.str().c_str());
-      EXPECT_EQ(rows_differ, 0) << su.name;
-      EXPECT_TRUE(rep.ok) << su.name << ": " << rep.str();
-      if (std::string(su.name).find("NaN") != std::string::npos) {
-        int nan_rows = 0;
-        for (float l : wide.lse) nan_rows += std::isnan(l);
-        EXPECT_EQ(nan_rows, 17) << "1 + 2 x 8 NaN rows";
-      }
+      const Result narrow = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "probe");
+      const Result wide = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "0");
+      expect_narrow_equals_wide(su, narrow, wide, cpu, "portable");
     }
   }
-  if (saved) setenv("DDTREE_PORTABLE_NARROW", saved_value.c_str(), 1);
-  else unsetenv("DDTREE_PORTABLE_NARROW");
 }
 
 // Slices request r out of p into a batch-1 problem over the same KV cache and page numbering.
