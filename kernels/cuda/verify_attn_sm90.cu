@@ -672,12 +672,14 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     // Split: the partial positions (partial_pos) of dims 16 k + g and 16 k + 8 + g (k = 4 b + wv) are 4 (g / 2) +
     // (g & 1) and + 2: lanes g and g ^ 1 (lane ^ 4, the same rows) swap one value, so even g writes the float2 at
     // 4 (g / 2) and odd g the one at 4 (g / 2) + 2 (whole 32-byte sectors; the same values at the same positions).
-    const bool odd = (g & 1) != 0;
+    // (split through a shuffle from lane 0: visibly warp-uniform to ptxas, which otherwise guards every shuffle
+    // below with a divergence check and a slow path, as it did in the unplanned build)
+    const bool odd = (g & 1) != 0, split = __shfl_sync(0xFFFFFFFFu, geo.is_split ? 1 : 0, 0) != 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int n = 8 * (i >> 1) + 2 * c + (i & 1);
       const bool row_in = n < rows_here;  // (the same for lanes g and g ^ 1: the shuffles run on every lane)
-      if (geo.is_split) {
+      if (split) {
 #pragma unroll
         for (int b = 0; b < 8; ++b) {
           const float v0 = acc[b][4 * (i >> 1) + (i & 1)], v1 = acc[b][4 * (i >> 1) + 2 + (i & 1)];
