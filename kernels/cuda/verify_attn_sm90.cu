@@ -669,10 +669,30 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     }
     math_bar();  // warpgroup 0's (m, l) partials written
     math_bar();  // the final l
+    // Split: the partial positions (partial_pos) of dims 16 k + g and 16 k + 8 + g (k = 4 b + wv) are 4 (g / 2) +
+    // (g & 1) and + 2: lanes g and g ^ 1 (lane ^ 4, the same rows) swap one value, so even g writes the float2 at
+    // 4 (g / 2) and odd g the one at 4 (g / 2) + 2 (whole 32-byte sectors; the same values at the same positions).
+    // (split through a shuffle from lane 0: visibly warp-uniform to ptxas, which otherwise guards every shuffle
+    // below with a divergence check and a slow path, as it did in the unplanned build)
+    const bool odd = (g & 1) != 0, split = __shfl_sync(0xFFFFFFFFu, geo.is_split ? 1 : 0, 0) != 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int n = 8 * (i >> 1) + 2 * c + (i & 1);
-      if (n >= rows_here) continue;
+      const bool row_in = n < rows_here;  // (the same for lanes g and g ^ 1: the shuffles run on every lane)
+      if (split) {
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          const float v0 = acc[b][4 * (i >> 1) + (i & 1)], v1 = acc[b][4 * (i >> 1) + 2 + (i & 1)];
+          const float other = __shfl_xor_sync(0xFFFFFFFFu, odd ? v0 : v1, 4);
+          if (row_in) {
+            const int pos = (partial_pos(64 * b + 16 * wv + g) & ~1) + (odd ? 2 : 0);
+            *reinterpret_cast<float2*>(ws_o + (prow0 + n) * kDimV + pos) = odd ? make_float2(other, v1)
+                                                                               : make_float2(v0, other);
+          }
+        }
+        continue;
+      }
+      if (!row_in) continue;
       const float l = fin[2 * n + 1];
       const float inv = l != 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
@@ -681,8 +701,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         for (int h = 0; h < 2; ++h) {
           const int d = 64 * b + 16 * wv + g + 8 * h;
           const float v = acc[b][4 * (i >> 1) + 2 * h + (i & 1)];
-          if (geo.is_split) ws_o[(prow0 + n) * kDimV + partial_pos(d)] = v;
-          else p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
+          p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
         }
     }
     if (pipe.qtma) {  // this warp is done with the Q region (fin lives there): the next item's Q may load
