@@ -744,7 +744,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   // item instead of being hoisted out of the persistent loop, where they are spilled and reloaded per item)
   int tid = threadIdx.x;
   asm volatile("" : "+r"(tid));
-  const int lane = tid & 31, wg = tid >> 7, wv = (tid >> 5) & 3;
+  // (wg through a lane-0 shuffle: ptxas then knows it is warp-uniform, so the descriptors built from it stay in
+  // uniform registers instead of an R2UR pair per wgmma)
+  const int lane = tid & 31, wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0), wv = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
   const int H = p.heads;
   const float nan = num::bits_f32(0x7FC00000u);
