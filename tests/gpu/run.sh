@@ -33,7 +33,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then TAIL=
 # Tree-verify attention (issue 5): oracle vs CPU twin / brute force; the oracle's benchmark (SKIP_ATTN=1 skips
 # both, SKIP_BENCH=1 the benchmark; ATTN_BENCH_ARGS=--quick for the short table).
 if [ "${SKIP_ATTN:-0}" != 1 ]; then
-  step verify_attn_gpu "$c/test_verify_attn_gpu" ${ATTN_GTEST_ARGS:-}
+  step verify_attn_gpu "$c/test_verify_attn_gpu" --gtest_output="xml:$out/verify_attn_gpu.xml" ${ATTN_GTEST_ARGS:-}
+  # Where the tests' ~2 minutes go (the largest share of every device call): the slowest tests, from gtest's XML
+  # (it has every test's time also under --gtest_brief).
+  python3 - "$out/verify_attn_gpu.xml" <<'PY' 2>/dev/null | tee "$out/verify_attn_gpu_slowest.txt"
+import sys, xml.etree.ElementTree as ET
+cases = [(float(t.get("time", 0)), t.get("classname", "") + "." + t.get("name", "")) for t in ET.parse(sys.argv[1]).iter("testcase")]
+total = sum(t for t, _ in cases)
+print(f"verify_attn_gpu: {len(cases)} tests, {total:.1f} s; slowest:", ", ".join(f"{n} {t:.1f} s" for t, n in sorted(cases, reverse=True)[:8]))
+PY
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     TAIL=80 step bench_verify_attn "$c/bench_verify_attn" ${ATTN_BENCH_ARGS:-}
     # Variants (ATTN_BENCH_EXTRA: argument lists separated by ';', e.g. "--quick --portable-only --page 1").
