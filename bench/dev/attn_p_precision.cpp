@@ -3,7 +3,7 @@
 // tiles (f32 p, unrounded l, f64 PV accumulation) with P exact, as bf16, as fp16 or as a bf16 hi + lo pair; each
 // result is compared with the f64 brute force by the bar (Tol{}). docs/PERF_NOTES.md S41. Second table: the KV split
 // at fixed positions (every split_keys keys) with each split's unnormalised partial o stored as f32, bf16 or fp16
-// before the combine (P as hi + lo; docs/PERF_NOTES.md S45).
+// before the combine (P as hi + lo; docs/PERF_NOTES.md "Split partials in 16 bits").
 // build (repo root): g++ -std=c++20 -O2 -I. -Ikernels/include bench/dev/attn_p_precision.cpp -o attn_p_precision
 #include "tests/attn/attn_util.h"
 #include <cstdio>

@@ -489,7 +489,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     float l_m = num::kNegInf, l_part = 0.0f;
 #pragma unroll 1
     for (int64_t it = 0; it < ntiles; ++it) {
-      const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S45)
+      const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S46)
       const int64_t k0 = kb + it * kKeys;
       DDT_PROF_COUNT(10);
       mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
@@ -632,7 +632,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       for (int r = 0; r < 8; ++r) acc[b][r] = 0.0f;
 #pragma unroll 1
     for (int64_t it = 0; it < ntiles; ++it) {
-      const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S45)
+      const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S46)
       mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);  // (the tile's bytes visible here)
       full_phase ^= 1u << buf;
       if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
@@ -848,7 +848,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   DDT_PROF_LAP(1, tp);  // item prologue: scalars, page checks, Q issued
 #pragma unroll 1
   for (int64_t it = 0; it < ntiles; ++it) {
-    const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S45)
+    const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S46)
     const int64_t k0 = kb + it * kKeys;  // absolute key of the tile's row 0
     DDT_PROF_COUNT(10);
     if (it == 0) {  // Q

@@ -14,9 +14,11 @@ root=$2
 cuobjdump=$3
 max_r2ur=${4:-96}
 if [ ! -x "$cuobjdump" ]; then
-  echo "FAIL: no cuobjdump at '$cuobjdump' (deploy/install-deps.sh installs nvidia-cuda-cuobjdump into the venv)"
+  echo "FAIL: no cuobjdump at '$cuobjdump' (deploy/install-deps.sh installs nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm into the venv)"
   exit 1
 fi
+# cuobjdump -sass runs nvdisasm: the one beside it first (the pip packages put both in nvidia/cu13/bin).
+export PATH="$(dirname "$cuobjdump"):$PATH"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 "$nvcc" -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 -I"$root/kernels/include" -I"$root" \
@@ -25,14 +27,18 @@ trap 'rm -rf "$out"' EXIT
   echo "FAIL: the sm_90a kernel does not compile"
   exit 1
 }
-"$cuobjdump" -sass "$out/sm90.cubin" >"$out/sm90.sass"
+"$cuobjdump" -sass "$out/sm90.cubin" >"$out/sm90.sass" 2>"$out/cuobjdump.log" || {
+  cat "$out/cuobjdump.log"
+  echo "FAIL: $cuobjdump could not disassemble the cubin"
+  exit 1
+}
 status=0
 for inst in 0 1; do
   name=$([ $inst = 1 ] && echo planned || echo unplanned)
   # The instantiation's listing: from its "Function :" header to the next one.
   awk -v k="verify_attn_sm90_kernelILb$inst" '/Function : /{f = index($0, k) > 0} f' "$out/sm90.sass" >"$out/k$inst.sass"
   hgmma=$(grep -c "HGMMA" "$out/k$inst.sass" || true)
-  r2ur=$(grep -c "R2UR " "$out/k$inst.sass" || true)
+  r2ur=$(grep -cw "R2UR" "$out/k$inst.sass" || true)  # (also a suffixed R2UR.xx form)
   if [ "$hgmma" -lt 100 ]; then  # (the kernel has 144 wgmmas; fewer means the listing was not found)
     echo "FAIL: $name instantiation: $hgmma HGMMA instructions in the listing (expected >= 100)"
     status=1
