@@ -580,8 +580,6 @@ TEST(VerifyAttnGpu, BatchInvariance) {
   }
 }
 
-// Capture once, replay with new inputs copied into the same buffers: batch 4, capacities fixed
-// (total_nodes 300, W 3, max_pages, num_pages), P and N vary per replay (padding rows take the rest).
 // The replay problems: p0 (captured) and 5 more with other data in the same capacities, and the CPU twin's result
 // of each of the 5 (computed once: the twin is single-threaded, and recomputing it for each of the 10 kernels under
 // test took ~90 of the test's ~100 s on the GPU machine).
@@ -627,6 +625,8 @@ const ReplaySet& replay_set() {
   return set;
 }
 
+// Capture once, replay with new inputs copied into the same buffers: batch 4, capacities fixed
+// (total_nodes 300, W 3, max_pages, num_pages), P and N vary per replay (padding rows take the rest).
 void graph_replay(const Kernel& k) {
   SCOPED_TRACE(k.name);
   const ReplaySet& set = replay_set();
