@@ -3,7 +3,7 @@
 # SKIP_TESTS=1) every GPU test of tests/gpu/run.sh on the new library, then the full sm90 table (planned and
 # unplanned) for the base library (.gpu-carry/base/lib: BASE_LIB=<dir holding libddtree_kernels.so> at pack time)
 # and the new one back to back, a second sample of SHAPES (P,T,batch ...) alternating base / new, the portable
-# kernel's quick table for both (SKIP_PORTABLE=1 skips it), and the stamped profile of the new library when
+# kernel's quick table for both (SKIP_PORTABLE=1 skips it; SKIP_SM90=1 skips the sm90 tables), and the stamped profile of the new library when
 # packed with PROFILE=1. Variants (VARIANTS="name=<lib dir> ..." at pack time: .gpu-carry/variants/<name>/lib)
 # are timed beside them in the same call, each after the new build's attention GPU tests run against its library
 # (SKIP_VARIANT_TESTS=1 skips those; a test that only a variant's branch adds is not among them, and a variant
@@ -45,17 +45,20 @@ for v in "$c"/variants/*/lib/libddtree_kernels.so; do
     echo "variant $name: attention GPU tests exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$out/verify_attn_gpu_$name.log" | tr '\n' ' ')) at $(elapsed)"
   fi
 done
-for lib in $libs; do
-  LD_LIBRARY_PATH=$(libdir $lib) timeout 120 "$c/bench_verify_attn" --sm90-only --plan > "$out/sm90_$lib.txt" 2>&1
-  echo "sm90 table, $lib: exit $? at $(elapsed)"
-done
-for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
+# (SKIP_SM90=1: a change to the portable kernel alone; its quick table below is then the measurement)
+if [ "${SKIP_SM90:-0}" != 1 ]; then
   for lib in $libs; do
-    LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan --shape "$shape" 2>&1 |
-      grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
+    LD_LIBRARY_PATH=$(libdir $lib) timeout 120 "$c/bench_verify_attn" --sm90-only --plan > "$out/sm90_$lib.txt" 2>&1
+    echo "sm90 table, $lib: exit $? at $(elapsed)"
   done
-done > "$out/second.txt"
-echo "second samples at $(elapsed)"
+  for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
+    for lib in $libs; do
+      LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan --shape "$shape" 2>&1 |
+        grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
+    done
+  done > "$out/second.txt"
+  echo "second samples at $(elapsed)"
+fi
 if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
   for lib in $libs; do
     LD_LIBRARY_PATH=$(libdir $lib) timeout 60 "$c/bench_verify_attn" --quick --portable-only > "$out/portable_$lib.txt" 2>&1

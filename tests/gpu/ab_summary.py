@@ -27,10 +27,11 @@ def geomean(xs):
 
 def main(out):
     out = Path(out)
-    base, ub = table(out / "sm90_base.txt")
-    # every library timed beside the base: new, then the variants (sm90_<name>.txt), in name order
-    others = ["new"] + sorted(f.stem[len("sm90_"):] for f in out.glob("sm90_*.txt")
-                              if f.stem not in ("sm90_base", "sm90_new"))
+    # every library timed beside the base: new, then the variants (sm90_<name>.txt or, with SKIP_SM90=1, only
+    # portable_<name>.txt), in name order
+    names = {f.stem.split("_", 1)[1] for pat in ("sm90_*.txt", "portable_*.txt") for f in out.glob(pat)}
+    others = ["new"] + sorted(names - {"base", "new"})
+    base, ub = table(out / "sm90_base.txt") if (out / "sm90_base.txt").exists() else ({}, 0)
     second = {}
     if (out / "second.txt").exists():
         for line in (out / "second.txt").read_text().splitlines():
@@ -65,12 +66,19 @@ def main(out):
             for k, v in second.items():
                 if "base" in v and lib in v:
                     print(f"  P {k[0]} T {k[1]} b {k[2]}: {v['base']} / {v[lib]} ({v[lib] / v['base']:.3f})")
+    pbase = table(out / "portable_base.txt")[0] if (out / "portable_base.txt").exists() else {}
     for lib in ["base"] + others:
         f = out / f"portable_{lib}.txt"
         if f.exists():
             rows, _ = table(f)
             print(f"portable {lib} (P/T/batch us): " +
                   ", ".join(f"{k[0]}/{k[1]}/{k[2]} {us}" for k, us in sorted(rows.items()) if k[3] == "portable"))
+            common = [k for k in sorted(set(pbase) & set(rows)) if k[3] == "portable"]
+            if lib != "base" and common:
+                r1 = [rows[k] / pbase[k] for k in common if k[1] == 1]
+                r8 = [rows[k] / pbase[k] for k in common if k[1] >= 8]
+                print(f"geomean portable {lib} / base time: {geomean([rows[k] / pbase[k] for k in common]):.4f} over "
+                      f"{len(common)} shapes (T 1 {geomean(r1):.4f}, T >= 8 {geomean(r8):.4f})")
 
 
 if __name__ == "__main__":
