@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Dev (not a test): the tree-verify attention kernels under Nsight Compute's hardware counters and
+# compute-sanitizer's memory checker, on the GPU machine (its Firecracker runtime runs both:
+# .library/device/KINDS.md). Expects .gpu-carry from tests/gpu/pack.sh. Usage there:
+#   [NCU_SHAPES="P,T,batch ..."] [SKIP_NCU=1] [SKIP_MEMCHECK=1] bench/dev/ncu_attn.sh
+# ncu: the first launch of the sm_90a main kernel (the unplanned instantiation: the same tile loop as the planned
+# one) of bench_verify_attn --sm90-only --shape P,T,batch, clocks left alone (--clock-control none, METHOD.md);
+# full reports in $OUT/ncu_<shape>.txt, the headline metrics printed. memcheck: the attention GPU tests that feed
+# bad pages, bad indices, stale and refused plans and mixed paths, under compute-sanitizer (a fault or an
+# out-of-bounds access fails the run: --error-exitcode). Writes under $OUT (default ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+c=$PWD/.gpu-carry
+export LD_LIBRARY_PATH=$c/lib:${LD_LIBRARY_PATH:-}
+export DDTREE_KERNELS_LIB=$c/lib/libddtree_kernels.so
+start=$(date +%s)
+if [ "${SKIP_NCU:-0}" != 1 ]; then
+  for shape in ${NCU_SHAPES:-32768,16,32 32768,8,1 32768,1,32}; do
+    f="$out/ncu_${shape//,/_}.txt"
+    timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --kernel-name regex:verify_attn_sm90_kernel --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis --section Occupancy --print-details all \
+      "$c/bench_verify_attn" --sm90-only --shape "$shape" > "$f" 2>&1
+    echo "== ncu $shape: exit $? at $(( $(date +%s) - start )) s"
+    grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued Instruction|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Stall [A-Za-z ]+|Max Bandwidth|Mem Busy|L2 Compression)" "$f" | head -60
+  done
+fi
+if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
+  filter='VerifyAttnGpu.BadIndicesPoisonOnlyTheirRequest:VerifyAttnGpu.TreeWiderThanVisWordsPoisonsAllItsRows:VerifyAttnGpu.BadPageInOneSplitPoisonsTheWholeRequest:VerifyAttnGpu.Sm90StalePlanNeverFaults:VerifyAttnGpu.Sm90PlanForOtherParamsPoisonsEveryRow:VerifyAttnGpu.NanScoresMakeTheirRowsNaN:VerifyAttnGpu.HostVisibleErrorsReturnCodesWithoutLaunching'
+  timeout "${MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    "$c/test_verify_attn_gpu" --gtest_brief=1 --gtest_filter="$filter" > "$out/memcheck.log" 2>&1
+  echo "== memcheck: exit $? at $(( $(date +%s) - start )) s"
+  grep -E "ERROR SUMMARY|PASSED|FAILED|Invalid|out of bounds" "$out/memcheck.log" | head -20
+fi
