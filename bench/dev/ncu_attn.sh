@@ -6,7 +6,7 @@
 # ncu: the first launch of the sm_90a main kernel (the unplanned instantiation: the same tile loop as the planned
 # one) of bench_verify_attn --sm90-only --shape P,T,batch, clocks left alone (--clock-control none, METHOD.md);
 # full reports in $OUT/ncu_<shape>.txt, the headline metrics printed. memcheck: the attention GPU tests that feed
-# bad pages, bad indices, stale and refused plans and mixed paths, under compute-sanitizer (a fault or an
+# bad pages, bad indices, NaN scores, too wide trees, stale and refused plans and host errors, under compute-sanitizer (a fault or an
 # out-of-bounds access fails the run: --error-exitcode). Writes under $OUT (default ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

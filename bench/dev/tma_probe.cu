@@ -7,7 +7,7 @@
 // 128-byte swizzle, one copy per tile) and a plain 1D bulk copy of the same contiguous 72 KB (the ideal).
 // Printed per configuration: the consumer's cycles per tile (mean over CTAs), the wait share of them, and the
 // whole grid's bytes per second (CUDA events, L2 flushed before each run).
-// build: nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 bench/dev/tma_probe.cu -o tma_probe -lcuda
+// build: nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 bench/dev/tma_probe.cu -o tma_probe
 // usage: tma_probe
 #include <cuda.h>
 #include <cuda_runtime.h>
