@@ -2,10 +2,14 @@
 # Dev (not a test): the tree-verify attention kernels under Nsight Compute's hardware counters and
 # compute-sanitizer's memory checker, on the GPU machine (its Firecracker runtime runs both:
 # .library/device/KINDS.md). Expects .gpu-carry from tests/gpu/pack.sh. Usage there:
-#   [NCU_SHAPES="P,T,batch ..."] [SKIP_NCU=1] [SKIP_MEMCHECK=1] bench/dev/ncu_attn.sh
+#   [NCU_SHAPES="P,T,batch ..."] [BYTES_SHAPES="P,T,batch ..."] [SKIP_NCU=1] [SKIP_BYTES=1] [SKIP_MEMCHECK=1] \
+#     bench/dev/ncu_attn.sh
 # ncu: the first launch of the sm_90a main kernel (the unplanned instantiation: the same tile loop as the planned
 # one) of bench_verify_attn --sm90-only --shape P,T,batch, clocks left alone (--clock-control none, METHOD.md);
-# full reports in $OUT/ncu_<shape>.txt, the headline metrics printed. memcheck: the attention GPU tests that feed
+# full reports in $OUT/ncu_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
+# writes and L2 read sectors (all sources), against the call's KV bytes (batch x (P + T) x 1,152 B): whether the row tiles
+# of one request (T x H > 64 rows) share each KV tile's DRAM read through L2 (the issue's "tiles that share a KV
+# chunk share its load"). memcheck: the attention GPU tests that feed
 # bad pages, bad indices, NaN scores, too wide trees, stale and refused plans and host errors, under compute-sanitizer (a fault or an
 # out-of-bounds access fails the run: --error-exitcode). Writes under $OUT (default ./gpu-out).
 set -uo pipefail
@@ -25,6 +29,36 @@ if [ "${SKIP_NCU:-0}" != 1 ]; then
       "$c/bench_verify_attn" --sm90-only --shape "$shape" > "$f" 2>&1
     echo "== ncu $shape: exit $? at $(( $(date +%s) - start )) s"
     grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued Instruction|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Stall [A-Za-z ]+|Max Bandwidth|Mem Busy|L2 Compression)" "$f" | head -60
+  done
+fi
+if [ "${SKIP_BYTES:-0}" != 1 ]; then
+  echo "| shape | kernel us | KV MB | DRAM read MB | DRAM read / KV | DRAM write MB | L2 reads MB | L2 reads / KV |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for shape in ${BYTES_SHAPES:-32768,16,32 32768,64,32 2048,64,64 2048,128,64 32768,64,1}; do
+    f="$out/bytes_${shape//,/_}.csv"
+    timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --kernel-name regex:verify_attn_sm90_kernel --launch-count 1 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum \
+      --csv --print-units base "$c/bench_verify_attn" --sm90-only --shape "$shape" > "$f" 2>&1
+    python3 - "$shape" "$f" <<'PY'
+import csv, sys
+shape, path = sys.argv[1], sys.argv[2]
+P, T, b = (int(x) for x in shape.split(","))
+vals = {}
+with open(path) as fh:
+    rows = [r for r in csv.reader(fh) if len(r) > 3]
+for r in rows:
+    if r[-3] in ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+                 "lts__t_sectors_op_read.sum"):
+        vals[r[-3]] = float(r[-1].replace(",", ""))
+if len(vals) < 4:
+    print(f"| {shape} | (ncu gave no metrics: see {path}) |")
+    sys.exit(0)
+kv = b * (P + T) * 1152 / 1e6
+rd, wr = vals["dram__bytes_read.sum"] / 1e6, vals["dram__bytes_write.sum"] / 1e6
+l2 = vals["lts__t_sectors_op_read.sum"] * 32 / 1e6
+print(f"| {P // 1024 if P >= 1024 else P}{'k' if P >= 1024 else ''} T {T} b {b} | {vals['gpu__time_duration.sum'] / 1e3:.1f} | "
+      f"{kv:.0f} | {rd:.0f} | {rd / kv:.2f} | {wr:.0f} | {l2:.0f} | {l2 / kv:.2f} |")
+PY
   done
 fi
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
