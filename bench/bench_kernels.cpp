@@ -1,9 +1,10 @@
 // Benchmark (and check) of the foundation kernels on the GPU: tree build and accept walk in microseconds
 // against the single-threaded CPU heap in the same run, top-K over the vocabulary in GB/s against the
-// same-run device copy bandwidth. Every timed configuration is first checked against the CPU twin; a
-// wrong result makes the program exit 1.
+// same-run device copy bandwidth, the accepted path's KV compaction in TB/s (read + write) against the same
+// copy bandwidth. Every timed configuration is first checked against the CPU twin; a wrong result makes the
+// program exit 1.
 //
-// usage: bench_kernels [--quick] [--tree-only]
+// usage: bench_kernels [--quick] [--tree-only] [--kv-only]
 // Timing: CUDA events around R back-to-back launches on one stream (R chosen so a sample lasts >= ~2 ms),
 // median of 5 samples; "graph us" is the same kernel captured R times in one CUDA graph (launch gaps
 // shrink to the graph's). Inputs of the top-K are larger than L2 (rows x vocab x 4 bytes >= 300 MB).
@@ -140,15 +141,90 @@ void bench_tree_and_accept(cudaStream_t s, bool quick) {
                   walk, wg, cpu_walk, ok && ok2 ? "yes" : "NO");
     }
 }
+// The accepted path's KV compaction (ddtree/kernels.h section 5) for a step of a 61-layer model (Kimi-K2's): bf16
+// latent rows of 1,152 B, pages of 64, every request's path the deepest jumps (path[k] = 2k: every accepted node
+// moves), so bytes = batch x 61 x moves x 1,152 x 2 (read + write). Each request's prefix is one page, its tree
+// the next pages; pages shuffled over the pool. Timed in place (a repeat moves the same number of rows); the
+// small batches' rows stay in L2 across repeats, the large ones' (>= 64: > 100 MB a launch) do not. Remap: the
+// same paths at page size 1 (page-table swaps only, no KV bytes).
+void bench_kv_compact(cudaStream_t s, double copy_tbs, bool quick) {
+  std::printf("\n### Accepted-path KV compaction (61 layers, rows of 1,152 B, page 64; every accepted node moves)\n");
+  std::printf("| batch | accepted nodes | MB moved (r + w) | us | graph us | TB/s (r + w) | fraction of copy BW | remap us | = CPU twin |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  const int layers = 61, row = 1152, page = 64, mp = DDT_MAX_DEPTH + 1;
+  struct Case { int batch, len; };
+  std::vector<Case> cases = {{1, 4}, {1, 16}, {8, 8}, {64, 8}, {64, 16}, {256, 8}, {256, 16}};
+  if (quick) cases = {{1, 8}, {64, 8}};
+  for (const Case& c : cases) {
+    const int N = 2 * c.len;                                    // tree width: nodes 0 .. 2 (len - 1) used
+    const int per_req = 1 + (N + page - 1) / page;             // the prefix page + the tree's pages
+    const int64_t pages = int64_t(c.batch) * per_req;
+    const int64_t stride = pages * page * row;
+    std::vector<int32_t> table(size_t(c.batch) * per_req), prefix(c.batch, page), path(size_t(c.batch) * mp, -1),
+        len(c.batch, c.len);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+    std::shuffle(table.begin(), table.end(), std::mt19937_64(17));
+    for (int b = 0; b < c.batch; ++b)
+      for (int k = 0; k < c.len; ++k) path[size_t(b) * mp + k] = 2 * k;
+    std::vector<uint8_t> kv(size_t(stride) * layers);
+    std::mt19937_64 rng(c.batch * 100 + c.len);
+    for (size_t i = 0; i < kv.size(); i += 8) {
+      const uint64_t x = rng();
+      std::memcpy(kv.data() + i, &x, std::min<size_t>(8, kv.size() - i));
+    }
+    DevBuf<uint8_t> dkv(kv);
+    DevBuf<int32_t> dt(table), dp(prefix), dpath(path), dlen(len);
+    DevBuf<uint32_t> ds(1);
+    ds.poison(0);
+    uint32_t st = 0;
+    ddt_kv_compact_params hp{kv.data(), stride, layers, row, page, pages, table.data(), per_req, prefix.data(),
+                             path.data(), len.data(), c.batch, mp, 0, &st};
+    ddt_kv_compact_params gp{dkv.ptr, stride, layers, row, page, pages, dt.ptr, per_req, dp.ptr, dpath.ptr, dlen.ptr,
+                             c.batch, mp, 0, ds.ptr};
+    BENCH_OK(ddt_kv_compact_cpu(&hp));
+    BENCH_OK(ddt_kv_compact_cuda(&gp, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    const bool ok = same(dkv.download(), kv) && ds.download()[0] == 0 && st == 0;
+    const int reps = c.batch >= 64 ? 20 : 200;
+    const double us = time_us(s, reps, [&] { BENCH_OK(ddt_kv_compact_cuda(&gp, s)); });
+    const double gus = graph_us(s, reps, [&] { BENCH_OK(ddt_kv_compact_cuda(&gp, s)); });
+    // Remap at page size 1: one page per slot, the same paths.
+    const int slots = page + N;
+    std::vector<int32_t> table1(size_t(c.batch) * slots);
+    for (size_t i = 0; i < table1.size(); ++i) table1[i] = int32_t(i);
+    DevBuf<int32_t> dt1(table1);
+    ddt_kv_compact_params rp{dkv.ptr, int64_t(table1.size()) * row, 1, row, 1, int64_t(table1.size()), dt1.ptr, slots,
+                             dp.ptr, dpath.ptr, dlen.ptr, c.batch, mp, 1, ds.ptr};
+    std::vector<int32_t> want1 = table1;
+    uint32_t st1 = 0;
+    ddt_kv_compact_params rh = rp;
+    rh.kv = kv.data();
+    rh.page_table = want1.data();
+    rh.prefix_lens = prefix.data();
+    rh.path = path.data();
+    rh.path_len = len.data();
+    rh.status = &st1;
+    BENCH_OK(ddt_kv_compact_cpu(&rh));
+    BENCH_OK(ddt_kv_compact_cuda(&rp, s));
+    const bool ok1 = same(dt1.download(), want1);
+    const double rus = time_us(s, 200, [&] { BENCH_OK(ddt_kv_compact_cuda(&rp, s)); });
+    const double bytes = 2.0 * c.batch * layers * (c.len - 1) * row;
+    const double tbs = bytes / (us * 1e-6) / 1e12;
+    if (!ok || !ok1) ++g_wrong;
+    std::printf("| %d | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", c.batch, c.len, bytes / 1e6, us, gus,
+                tbs, tbs / copy_tbs, rus, ok && ok1 ? "yes" : "NO");
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, tree_only = false;
+  bool quick = false, tree_only = false, kv_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--tree-only") tree_only = true;
-    else { std::fprintf(stderr, "usage: bench_kernels [--quick] [--tree-only]\n"); return 2; }
+    else if (a == "--kv-only") kv_only = true;
+    else { std::fprintf(stderr, "usage: bench_kernels [--quick] [--tree-only] [--kv-only]\n"); return 2; }
   }
   if (!ddt_cuda_available()) {
     std::printf("bench_kernels: no GPU visible; nothing to measure\n");
@@ -161,8 +237,9 @@ int main(int argc, char** argv) {
   const double copy_tbs = copy_bandwidth_tbs(s);
   std::printf("# bench_kernels on %s (%d SMs); device copy %.2f TB/s (read + write, same run)\n", prop.name,
               prop.multiProcessorCount, copy_tbs);
-  if (!tree_only) bench_topk(s, copy_tbs, quick);
-  bench_tree_and_accept(s, quick);
+  if (!tree_only && !kv_only) bench_topk(s, copy_tbs, quick);
+  if (!kv_only) bench_tree_and_accept(s, quick);
+  if (!tree_only) bench_kv_compact(s, copy_tbs, quick);
   std::printf("\nwrong results: %d\n", g_wrong);
   return g_wrong ? 1 : 0;
 }

@@ -166,6 +166,32 @@ int validate(const ddt_verify_attn_params* p) {
   return DDT_OK;
 }
 
+int validate(const ddt_kv_compact_params* p) {
+  const char* kname = "kv_compact";
+  clear_error();
+  if (!p) return fail(DDT_ERR_NULL, "kv_compact: params is null");
+  DDT_CHECK_RANGE(p->batch >= 0 && p->batch <= 65535, DDT_ERR_SHAPE, "batch out of range 0..65535");
+  DDT_CHECK_RANGE(p->num_layers >= 1 && p->num_layers <= 65535, DDT_ERR_SHAPE, "num_layers out of range 1..65535");
+  DDT_CHECK_RANGE(p->row_bytes >= 4 && p->row_bytes <= 65536 && p->row_bytes % 4 == 0, DDT_ERR_SHAPE,
+                  "row_bytes must be a multiple of 4 in 4..65536");
+  DDT_CHECK_RANGE(p->page_size >= 1, DDT_ERR_SHAPE, "page_size must be >= 1");
+  DDT_CHECK_RANGE(p->max_pages >= 1, DDT_ERR_SHAPE, "max_pages (page-table row stride) must be >= 1");
+  DDT_CHECK_RANGE(p->num_pages >= 1 && p->num_pages <= (int64_t(1) << 40) / p->page_size, DDT_ERR_SHAPE,
+                  "num_pages out of range");
+  DDT_CHECK_RANGE(p->layer_stride % 4 == 0 && p->layer_stride / p->row_bytes / p->page_size >= p->num_pages,
+                  DDT_ERR_SHAPE, "layer_stride must be a multiple of 4 and >= num_pages x page_size x row_bytes");
+  DDT_CHECK_RANGE(p->max_path >= 1 && p->max_path <= DDT_MAX_DEPTH + 1, DDT_ERR_SHAPE, "max_path out of range");
+  DDT_CHECK_RANGE(p->remap == 0 || (p->remap == 1 && p->page_size == 1), DDT_ERR_SHAPE,
+                  "remap must be 0, or 1 with page_size 1");
+  DDT_CHECK_PTR(p->kv, 4);
+  DDT_CHECK_PTR(p->page_table, 4);
+  DDT_CHECK_PTR(p->prefix_lens, 4);
+  DDT_CHECK_PTR(p->path, 4);
+  DDT_CHECK_PTR(p->path_len, 4);
+  DDT_CHECK_PTR(p->status, 4);
+  return DDT_OK;
+}
+
 }  // namespace ddtree::kern
 
 extern "C" {

@@ -20,6 +20,7 @@ int validate(const ddt_tree_build_params* p);
 int validate(const ddt_sample_keys_params* p);
 int validate(const ddt_accept_params* p);
 int validate(const ddt_verify_attn_params* p);
+int validate(const ddt_kv_compact_params* p);
 
 
 }  // namespace ddtree::kern

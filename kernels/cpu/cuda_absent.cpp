@@ -17,6 +17,7 @@ int ddt_topk_combine_cuda(const ddt_topk_combine_params* p, void*) { return abse
 int ddt_tree_build_cuda(const ddt_tree_build_params* p, void*) { return absent(p); }
 int ddt_sample_keys_cuda(const ddt_sample_keys_params* p, void*) { return absent(p); }
 int ddt_accept_cuda(const ddt_accept_params* p, void*) { return absent(p); }
+int ddt_kv_compact_cuda(const ddt_kv_compact_params* p, void*) { return absent(p); }
 int ddt_verify_attn_cuda(const ddt_verify_attn_params* p, void*) { return absent(p); }
 int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }
 int ddt_verify_attn_sm90_cuda(const ddt_verify_attn_params* p, int, void*, size_t, void*) { return absent(p); }

@@ -2,7 +2,9 @@
 #include "rank/kv/latent_kv.h"
 
 #include <algorithm>
-#include <cstring>
+#include <climits>
+
+#include "ddtree/kernels.h"
 
 namespace ddtree::kv {
 
@@ -106,20 +108,32 @@ const float* LatentKvCache::row(int layer, int request, int64_t slot) const {
 
 void LatentKvCache::compact_accepted(int request, int64_t prefix_len, const int32_t* path, int path_len) {
   check_request(request);
-  if (path_len < 1 || path == nullptr) throw KvError("compact_accepted: empty path");
-  if (path[0] != 0) throw KvError("compact_accepted: path[0] must be 0 (the root)");
-  for (int k = 1; k < path_len; ++k)
-    if (path[k] <= path[k - 1]) throw KvError("compact_accepted: path must be strictly increasing");
-  const int64_t last = prefix_len + path[path_len - 1];
-  if (last >= capacity(request)) throw KvError("compact_accepted: path reaches an unmapped slot");
-  // In increasing k: the destination P+k is never a later source, since later sources are P+path[j] with
-  // path[j] > path[k] >= k.
-  for (int layer = 0; layer < shape_.num_layers; ++layer)
-    for (int k = 1; k < path_len; ++k) {
-      if (path[k] == k) continue;
-      std::memcpy(row(layer, request, prefix_len + k), row(layer, request, prefix_len + path[k]),
-                  sizeof(float) * std::size_t(shape_.row_dim));
-    }
+  if (prefix_len < 0 || prefix_len > INT32_MAX) throw KvError("compact_accepted: prefix_len out of range");
+  // The kernel library's CPU twin (ddtree/kernels.h, section 5) on this request's page-table row: the same moves,
+  // checks and order as the GPU cache's compaction kernel.
+  const int32_t prefix = int32_t(prefix_len);
+  uint32_t status = 0;
+  ddt_kv_compact_params p{};
+  p.kv = data_.data();
+  p.row_bytes = int(sizeof(float)) * shape_.row_dim;
+  p.layer_stride = int64_t(shape_.num_pages) * shape_.page_size * p.row_bytes;
+  p.num_layers = shape_.num_layers;
+  p.page_size = shape_.page_size;
+  p.num_pages = shape_.num_pages;
+  p.page_table = table_.data() + int64_t(request) * shape_.max_pages_per_request;
+  p.max_pages = shape_.max_pages_per_request;
+  p.prefix_lens = &prefix;
+  p.path = path;
+  p.path_len = &path_len;
+  p.batch = 1;
+  p.max_path = std::clamp(path_len, 1, DDT_MAX_DEPTH + 1);
+  p.status = &status;
+  if (int rc = ddt_kv_compact_cpu(&p))
+    throw KvError(std::string("compact_accepted: ") + ddt_last_error_message() + " (" + ddt_status_string(rc) + ")");
+  if (status & DDT_DATA_BAD_INDEX)
+    throw KvError("compact_accepted: invalid path (it must start at the root 0, increase strictly, hold at most " +
+                  std::to_string(DDT_MAX_DEPTH + 1) + " nodes and stay within the request's mapped slots); nothing "
+                  "was moved");
 }
 
 void LatentKvCache::fill(float value) { std::fill(data_.begin(), data_.end(), value); }

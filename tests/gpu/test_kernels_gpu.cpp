@@ -1,15 +1,19 @@
 // GPU kernels against their CPU twins (ddtree/kernels.h): every output bitwise (ids, values, lse,
-// log-probs, trees, keys, walks); random inputs with exact ties, -inf and NaN; many batch sizes, budgets, depths, vocabularies
-// and shard counts; outputs poisoned before every run; the whole step pipeline captured in a CUDA graph
-// and replayed with new inputs written in place. Exits 77 (ctest: skipped) when no GPU is present.
+// log-probs, trees, keys, walks, compacted KV bytes and page tables); random inputs with exact ties, -inf and NaN;
+// many batch sizes, budgets, depths, vocabularies and shard counts; outputs poisoned before every run; the whole
+// step pipeline (through the accepted path's KV compaction) captured in a CUDA graph and replayed with new inputs
+// written in place. Exits 77 (ctest: skipped) when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "ddtree/kernels.h"
 #include "gpu_util.h"
+#include "tests/unit/kv_compact_util.h"
 #include "tests/unit/test_util.h"
 
 using namespace ddtree;
@@ -342,6 +346,17 @@ TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
                             tree.status.ptr};
   ddt_accept_params ap{d_keys.ptr, tree.tokens.ptr, tree.parents.ptr, tree.node_count.ptr, batch, N, mp, d_maxnew.ptr,
                        nullptr, 0, d_path.ptr, d_pl.ptr, d_nt.ptr, d_nn.ptr, d_bo.ptr, d_fi.ptr, tree.status.ptr};
+  // The accepted path's KV compaction, fed by the accept kernel's device outputs: 3 layers of bf16 latent rows
+  // (1,152 B), pages of 16 slots, each request's pages shuffled over the pool (prefixes < 999, N nodes after them).
+  const int kv_layers = 3, kv_row = 1152, kv_page = 16, kv_max_pages = (999 + N + kv_page - 1) / kv_page;
+  const int64_t kv_pages = int64_t(batch) * kv_max_pages, kv_stride = kv_pages * kv_page * kv_row;
+  std::vector<int32_t> kv_table(static_cast<size_t>(kv_pages));
+  std::iota(kv_table.begin(), kv_table.end(), 0);
+  std::shuffle(kv_table.begin(), kv_table.end(), std::mt19937_64(5));
+  DevBuf<uint8_t> d_kv(size_t(kv_stride) * kv_layers);
+  DevBuf<int32_t> d_kv_table(kv_table);
+  ddt_kv_compact_params kvp{d_kv.ptr, kv_stride, kv_layers, kv_row, kv_page, kv_pages, d_kv_table.ptr, kv_max_pages,
+                            d_prefix.ptr, d_path.ptr, d_pl.ptr, batch, mp, 0, tree.status.ptr};
   // Warm-up launch outside capture (first-launch attribute setup), then capture.
   ASSERT_EQ(ddt_tree_build_cuda(&bp, s), DDT_OK);
   GPU_CHECK(cudaStreamSynchronize(s));
@@ -352,6 +367,7 @@ TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
   ASSERT_EQ(ddt_tree_build_cuda(&bp, s), DDT_OK);
   ASSERT_EQ(ddt_sample_keys_cuda(&kp, s), DDT_OK);
   ASSERT_EQ(ddt_accept_cuda(&ap, s), DDT_OK);
+  ASSERT_EQ(ddt_kv_compact_cuda(&kvp, s), DDT_OK);
   GPU_CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
   GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -384,6 +400,12 @@ TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
     ddt_accept_params ah{keys.data(), h.tokens.data(), h.parents.data(), h.node_count.data(), batch, N, mp,
                          maxnew.data(), nullptr, 0, path.data(), pl.data(), nt.data(), nn.data(), bo.data(), fi.data(), &st};
     ASSERT_EQ(ddt_accept_cpu(&ah), DDT_OK);
+    std::vector<uint8_t> kv(size_t(kv_stride) * kv_layers);
+    for (auto& x : kv) x = uint8_t(rng());
+    d_kv.upload(kv, s);
+    ddt_kv_compact_params kvh{kv.data(), kv_stride, kv_layers, kv_row, kv_page, kv_pages, kv_table.data(), kv_max_pages,
+                              prefix.data(), path.data(), pl.data(), batch, mp, 0, &st};
+    ASSERT_EQ(ddt_kv_compact_cpu(&kvh), DDT_OK);
     // New inputs in place, poisoned outputs, replay.
     d_draft.upload(draft, s); d_target.upload(target, s); d_roots.upload(roots, s); d_prefix.upload(prefix, s);
     d_seeds.upload(seeds, s); d_maxnew.upload(maxnew, s);
@@ -399,12 +421,116 @@ TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
     bitwise_equal(d_pl.download(), pl, "path_len");
     bitwise_equal(d_nn.download(), nn, "num_new");
     bitwise_equal(d_fi.download(), fi, "finished");
+    EXPECT_TRUE(d_kv.download() == kv) << "compacted KV";
     for (int b = 0; b < batch; ++b) total_accepted += pl[b] - 1;
   }
   EXPECT_GT(total_accepted, 0);
   GPU_CHECK(cudaGraphExecDestroy(exec));
   GPU_CHECK(cudaGraphDestroy(graph));
   GPU_CHECK(cudaStreamDestroy(s));
+}
+
+// ---- Accepted-path KV compaction (section 5) ----
+namespace {
+struct KvCompactOut {
+  std::vector<uint8_t> kv;
+  std::vector<int32_t> table;
+  uint32_t status = 0;
+};
+KvCompactOut kv_compact_run(const test::KvCompactCase& c, bool gpu, int remap, int kv_offset = 0) {
+  KvCompactOut o{c.kv, c.table};
+  if (!gpu) {
+    auto p = c.params(o.kv.data(), o.table.data(), c.prefix.data(), c.path.data(), c.path_len.data(), &o.status, remap);
+    EXPECT_EQ(ddt_kv_compact_cpu(&p), DDT_OK) << ddt_last_error_message();
+    return o;
+  }
+  // kv_offset: the cache starts that many bytes into its allocation (4: the 4-byte chunk path).
+  std::vector<uint8_t> padded(size_t(kv_offset), 0x5A);
+  padded.insert(padded.end(), c.kv.begin(), c.kv.end());
+  DevBuf<uint8_t> dkv(padded);
+  DevBuf<int32_t> dt(c.table), dp(c.prefix), dpath(c.path), dlen(c.path_len);
+  DevBuf<uint32_t> ds(1);
+  ds.poison(0);
+  auto p = c.params(dkv.ptr + kv_offset, dt.ptr, dp.ptr, dpath.ptr, dlen.ptr, ds.ptr, remap);
+  EXPECT_EQ(ddt_kv_compact_cuda(&p, nullptr), DDT_OK) << ddt_last_error_message();
+  std::vector<uint8_t> all = dkv.download();
+  EXPECT_TRUE(std::all_of(all.begin(), all.begin() + kv_offset, [](uint8_t b) { return b == 0x5A; }));
+  o.kv.assign(all.begin() + kv_offset, all.end());
+  o.table = dt.download();
+  o.status = ds.download()[0];
+  return o;
+}
+struct KvCompactGpuCase { int row_bytes, page_size, layers, batch, bad_every, layer_pad, kv_offset; };
+}  // namespace
+class KvCompactGpu : public ::testing::TestWithParam<KvCompactGpuCase> {};
+
+// CUDA == CPU twin bitwise (every byte of the cache, the page table, the status word), the twin == the
+// read-all-then-write reference, on the 16-byte chunk path (row_bytes, layer_stride, kv all 16-byte multiples)
+// and the 4-byte one; with bad requests mixed in.
+TEST_P(KvCompactGpu, BitwiseEqualToCpuTwin) {
+  const auto g = GetParam();
+  size_t moved = 0;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    const auto c = test::make_kv_compact_case(seed * 131 + g.batch, g.layers, g.row_bytes, g.page_size, g.batch,
+                                              DDT_MAX_DEPTH + 1, g.bad_every, g.layer_pad);
+    const KvCompactOut cpu = kv_compact_run(c, false, 0), gpu = kv_compact_run(c, true, 0, g.kv_offset);
+    std::vector<uint8_t> want = c.kv;
+    test::kv_compact_reference(c, want, c.table);
+    EXPECT_TRUE(cpu.kv == want) << "twin vs reference, seed " << seed;
+    EXPECT_TRUE(gpu.kv == cpu.kv) << "gpu vs twin, seed " << seed;
+    EXPECT_EQ(gpu.table, c.table);
+    EXPECT_EQ(gpu.status, cpu.status);
+    EXPECT_EQ(cpu.status, g.bad_every ? uint32_t(DDT_DATA_BAD_INDEX) : 0u);
+    for (size_t i = 0; i < want.size(); ++i) moved += want[i] != c.kv[i];
+  }
+  EXPECT_GT(moved, 0u) << "no seed moved a row";
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, KvCompactGpu, ::testing::Values(
+    KvCompactGpuCase{1152, 16, 61, 16, 0, 0, 0},    // Kimi-K2's 61 layers
+    KvCompactGpuCase{1152, 64, 4, 64, 0, 0, 0},     // a fixed batch
+    KvCompactGpuCase{1152, 64, 61, 1, 0, 0, 0},     // batch 1
+    KvCompactGpuCase{1152, 1, 4, 33, 3, 0, 0},      // page size 1, bad requests
+    KvCompactGpuCase{1152, 16, 3, 17, 4, 8, 0},     // layer_stride not a 16-byte multiple: 4-byte chunks
+    KvCompactGpuCase{1152, 64, 2, 9, 0, 0, 4},      // kv 4 bytes off a 16-byte boundary: 4-byte chunks
+    KvCompactGpuCase{12, 4, 3, 40, 5, 0, 0},        // 12-byte rows (the cpu backend's test rows)
+    KvCompactGpuCase{2304, 16, 2, 9, 0, 0, 0},      // f32 latent rows
+    KvCompactGpuCase{65536, 2, 2, 3, 0, 0, 0},      // the largest rows: several rounds per move
+    KvCompactGpuCase{64, 4, 61, 40, 6, 0, 0},       // 2 layers per CTA, the last group of one layer
+    KvCompactGpuCase{16, 1, 61, 200, 7, 0, 0}));    // 6 layers per CTA
+
+TEST(KvCompactGpuRemap, BitwiseEqualToCpuTwinAndMovesNoBytes) {
+  for (int bad_every : {0, 3}) {
+    const auto c = test::make_kv_compact_case(21 + bad_every, 2, 1152, 1, 45, DDT_MAX_DEPTH + 1, bad_every);
+    const KvCompactOut cpu = kv_compact_run(c, false, 1), gpu = kv_compact_run(c, true, 1);
+    EXPECT_EQ(gpu.table, cpu.table);
+    EXPECT_NE(gpu.table, c.table) << "nothing was remapped";
+    EXPECT_EQ(test::kv_remap_violation(c, c.table, gpu.table), "");
+    EXPECT_TRUE(gpu.kv == c.kv) << "remap moved KV bytes";
+    EXPECT_EQ(gpu.status, cpu.status);
+    EXPECT_EQ(gpu.status, bad_every ? uint32_t(DDT_DATA_BAD_INDEX) : 0u);
+  }
+}
+
+TEST(KvCompactGpuArgs, HostVisibleErrorsReturnCodesWithoutLaunching) {
+  const auto c = test::make_kv_compact_case(8, 1, 64, 4, 2, 5);
+  DevBuf<uint8_t> dkv(c.kv);
+  DevBuf<int32_t> dt(c.table), dp(c.prefix), dpath(c.path), dlen(c.path_len);
+  DevBuf<uint32_t> ds(1);
+  ds.poison(0);
+  auto p = c.params(dkv.ptr, dt.ptr, dp.ptr, dpath.ptr, dlen.ptr, ds.ptr);
+  p.row_bytes = 6;
+  EXPECT_EQ(ddt_kv_compact_cuda(&p, nullptr), DDT_ERR_SHAPE);
+  p = c.params(dkv.ptr + 2, dt.ptr, dp.ptr, dpath.ptr, dlen.ptr, ds.ptr);
+  EXPECT_EQ(ddt_kv_compact_cuda(&p, nullptr), DDT_ERR_ALIGN);
+  p = c.params(dkv.ptr, dt.ptr, dp.ptr, dpath.ptr, dlen.ptr, nullptr);
+  EXPECT_EQ(ddt_kv_compact_cuda(&p, nullptr), DDT_ERR_NULL);
+  p = c.params(dkv.ptr, dt.ptr, dp.ptr, dpath.ptr, dlen.ptr, ds.ptr, 1);  // remap needs page_size 1
+  EXPECT_EQ(ddt_kv_compact_cuda(&p, nullptr), DDT_ERR_SHAPE);
+  EXPECT_TRUE(dkv.download() == c.kv);
+  EXPECT_EQ(dt.download(), c.table);
+  EXPECT_EQ(ds.download()[0], 0u);
+  GPU_CHECK(cudaGetLastError());
 }
 
 TEST(ArgumentsGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {

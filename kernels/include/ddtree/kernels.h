@@ -325,6 +325,58 @@ int ddt_verify_attn_sm90_plan_cuda(const ddt_verify_attn_params* p, int split_ke
 int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int split_keys, const void* plan,
                                       size_t plan_bytes, void* workspace, size_t workspace_bytes, void* stream);
 
+/* ======================= 5. Accepted-path KV compaction =======================
+ * reference/ddtree.md "KV after accept". Verify wrote tree node i's KV row at slot P_r + i of request r, in every
+ * layer; the accept kernel's path lists the accepted nodes (path[0] = 0, strictly increasing, so path[k] >= k).
+ * Compaction moves the row of slot P_r + path[k] to slot P_r + k for k = 1 .. path_len[r] - 1 (rows with
+ * path[k] == k stay), in every layer, so that the accepted sequence occupies P_r .. P_r + path_len[r] - 1. Every
+ * source of a request is read before any of its destinations is written (a fully parallel copy races: for path
+ * [0, 2, 3] the row moved to slot P + 1 comes from slot P + 2, which the next move overwrites); the result equals
+ * the copies done one by one in increasing k. Rows are opaque bytes: row_bytes each (1,152 for the bf16 latent
+ * row of 576; the cpu backend's f32 rows are 4 x 576), a multiple of 4. Layer l's cache starts at kv + l x
+ * layer_stride bytes and is laid out [num_pages, page_size, row_bytes]; slot t of request r lives in page
+ * page_table[r * max_pages + t / page_size] at offset t % page_size (verify attention's addressing).
+ * remap = 1 (page_size 1 only): no row moves; instead the page-table entries of slots P_r + k and P_r + path[k]
+ * are swapped in increasing k, which leaves slot P_r + k mapped to the page that held node path[k]'s row in
+ * every layer at once. Zero KV bytes move, and the request keeps the same set of pages (the pages of rejected
+ * nodes end up past the accepted ones), so a page allocator needs no update.
+ * Data checks (device data, so in the kernel; per request): 1 <= path_len[r] <= max_path, path[0] == 0, path
+ * strictly increasing, P_r >= 0, P_r + path[last] < max_pages * page_size, and the page of every slot a move
+ * reads or writes in [0, num_pages). A request failing one ORs DDT_DATA_BAD_INDEX into *status and is left
+ * untouched (no row, no page-table entry written); the other requests are compacted. Entries of path past
+ * path_len[r] are never read. The accept kernel's bad-data result (path = {0}, path_len = 1) moves nothing.
+ * The caller keeps the pages a request's moves touch (its slots P_r .. P_r + path[last]) private to that request
+ * and mapped once in its row (copy-on-write of shared prefix pages is the caller's): the moves of different
+ * requests then never alias, and the kernel's read-all-then-write order gives the sequential result.
+ * Host-visible checks (return codes, nothing launched): null pointers (DDT_ERR_NULL), alignment (DDT_ERR_ALIGN:
+ * kv 4 bytes, the int arrays 4), ranges (DDT_ERR_SHAPE: batch 0..65535, num_layers 1..65535, row_bytes a
+ * positive multiple of 4 up to 65536, layer_stride >= num_pages x page_size x row_bytes and a multiple of 4,
+ * page_size >= 1, max_pages >= 1, num_pages >= 1, max_path 1..DDT_MAX_DEPTH + 1, remap only with page_size 1).
+ * CPU and CUDA results are bitwise identical (bytes are copied, not computed). The CUDA kernel: one CTA per
+ * (request, group of layers), sources staged in registers then written, 16-byte accesses when row_bytes,
+ * layer_stride and kv allow; remap one warp per request; no host sync, no allocation, CUDA-graph safe, launched
+ * with PDL after the accept kernel. */
+typedef struct ddt_kv_compact_params {
+  void* kv;                    /* layer 0's [num_pages, page_size, row_bytes]; layer l at kv + l * layer_stride */
+  int64_t layer_stride;        /* bytes from one layer's cache to the next */
+  int num_layers;              /* 1..65535 */
+  int row_bytes;               /* bytes per token row, a multiple of 4, 4..65536 */
+  int page_size;               /* tokens per page, >= 1 */
+  int64_t num_pages;           /* pages per layer, >= 1 */
+  int32_t* page_table;         /* [batch, max_pages] i32; written only when remap = 1 */
+  int max_pages;               /* page-table row stride, >= 1 */
+  const int32_t* prefix_lens;  /* [batch] i32 P_r: committed tokens before the tree (node 0's slot) */
+  const int32_t* path;         /* [batch, max_path] i32 accepted node indices (ddt_accept_params.path) */
+  const int32_t* path_len;     /* [batch] i32 accepted nodes including the root (ddt_accept_params.path_len) */
+  int batch;                   /* 0..65535 */
+  int max_path;                /* path row stride, 1..DDT_MAX_DEPTH + 1 */
+  int remap;                   /* 0: copy rows; 1: swap page-table entries (page_size == 1) */
+  uint32_t* status;            /* [1] data status word */
+} ddt_kv_compact_params;
+
+int ddt_kv_compact_cpu(const ddt_kv_compact_params* p);
+int ddt_kv_compact_cuda(const ddt_kv_compact_params* p, void* stream);
+
 /* bf16 <-> f32 (the conversions both backends use; round to nearest even, NaN stays a quiet NaN). */
 uint16_t ddt_f32_to_bf16(float x);
 float ddt_bf16_to_f32(uint16_t h);
