@@ -11,6 +11,7 @@ input's library and device. Errors raise DDTreeError with the library's message.
     tree = dk.tree_build(lp.reshape(B, L, k), ids.reshape(B, L, k), roots, prefix_lens, budget=64)
     keys = dk.sample_keys(target_logits, tree["positions"], seeds, temperature=0.0)
     out = dk.accept(keys, tree, max_path=L + 1, max_new=max_new, stop_ids=stops)
+    dk.kv_compact(kv, page_table, prefix_lens, out["path"], out["path_len"])  # in place, every layer
     o, lse, st = dk.verify_attn(q, kv, page_table, prefix_lens, node_offsets, vis, softmax_scale, page_size)
 
 The library is found through $DDTREE_KERNELS_LIB, else build*/lib/libddtree_kernels.so under the repo.
@@ -72,6 +73,14 @@ class _Accept(ctypes.Structure):
                 ("num_stop", ctypes.c_int)] + [
                    (n, ctypes.c_void_p) for n in ("path", "path_len", "new_tokens", "num_new", "bonus", "finished",
                                                   "status")]
+
+
+class _KvCompact(ctypes.Structure):
+    _fields_ = [("kv", ctypes.c_void_p), ("layer_stride", ctypes.c_int64), ("num_layers", ctypes.c_int),
+                ("row_bytes", ctypes.c_int), ("page_size", ctypes.c_int), ("num_pages", ctypes.c_int64),
+                ("page_table", ctypes.c_void_p), ("max_pages", ctypes.c_int), ("prefix_lens", ctypes.c_void_p),
+                ("path", ctypes.c_void_p), ("path_len", ctypes.c_void_p), ("batch", ctypes.c_int),
+                ("max_path", ctypes.c_int), ("remap", ctypes.c_int), ("status", ctypes.c_void_p)]
 
 
 class _VerifyAttn(ctypes.Structure):
@@ -293,6 +302,35 @@ def accept(keys, tree: dict, max_path: int, max_new, stop_ids=(), status=None) -
     _call("accept", p, ref)
     out["status"] = st
     return out
+
+
+def kv_compact(kv, page_table, prefix_lens, path, path_len, remap: bool = False, status=None):
+    """The accepted path's KV compaction, in place (ddtree/kernels.h section 5): kv [layers, num_pages, page_size, ...]
+    of any dtype (each slot's row is opaque bytes), page_table [batch, max_pages] i32, prefix_lens [batch], path
+    [batch, max_path] and path_len [batch] (accept's outputs). Moves row prefix + path[k] to prefix + k in every
+    layer; remap=True (page_size 1) swaps page-table entries instead. kv and page_table are written in place, so they
+    must already be contiguous, on one device, page_table int32. Returns the status word."""
+    if len(kv.shape) < 3:
+        raise ValueError("kv_compact: kv must be [layers, num_pages, page_size, ...]")
+    layers, num_pages, page_size = (int(d) for d in kv.shape[:3])
+    contiguous = kv.is_contiguous() if _is_torch(kv) else kv.flags["C_CONTIGUOUS"]
+    table_ok = (page_table.dtype == torch.int32 and page_table.is_contiguous()) if _is_torch(page_table) else (
+        page_table.dtype == np.int32 and page_table.flags["C_CONTIGUOUS"])
+    if not contiguous or not table_ok or _is_torch(kv) != _is_torch(page_table) or (
+            _is_torch(kv) and kv.device != page_table.device):
+        raise ValueError("kv_compact: kv and page_table are written in place: both contiguous, on one device, "
+                         "page_table int32")
+    itemsize = kv.element_size() if _is_torch(kv) else kv.itemsize
+    row_bytes = int(np.prod(kv.shape[3:], dtype=np.int64)) * itemsize
+    batch, max_pages = (int(d) for d in page_table.shape)
+    ref = kv
+    prefix_lens, path, path_len = _as(ref, prefix_lens, "i32"), _as(ref, path, "i32"), _as(ref, path_len, "i32")
+    st = status if status is not None else _status_word(ref)
+    p = _KvCompact(_ptr(kv), num_pages * page_size * row_bytes, layers, row_bytes, page_size, num_pages,
+                   _ptr(page_table), max_pages, _ptr(prefix_lens), _ptr(path), _ptr(path_len), batch,
+                   int(path.shape[1]), 1 if remap else 0, _ptr(st))
+    _call("kv_compact", p, ref)
+    return st
 
 
 def key_token(keys):

@@ -268,6 +268,55 @@ def test_accept_against_plain_decoding_walk(backend, temperature):
     assert accepted > 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_kv_compact_after_accept_against_numpy_gather(backend, page_size):
+    """accept's path moves each accepted node's KV row down to prefix + depth, in every layer: against a numpy
+    gather (all sources read first) through a shuffled page table; the remap at page size 1 against the same."""
+    rng = np.random.default_rng(11 + page_size)
+    batch, depth, budget, vocab, layers, row = 5, 6, 30, 40, 3, 24
+    n, mp = budget + 1, depth + 1
+    lp, ids = _draft(rng, batch, depth, budget, vocab, scale=4.0)
+    prefix = rng.integers(0, 40, batch).astype(np.int32)
+    tree = dk.tree_build(lp, ids, np.ones(batch, np.int32), prefix, budget)
+    logits = rng.normal(0, 1, size=(batch, n, vocab)).astype(F32)
+    for b in range(batch):  # make acceptance happen (deeper nodes than a chain, so rows really move)
+        for i in range(tree["node_count"][b]):
+            c = tree["first_child"][b, i]
+            if c >= 0:
+                logits[b, i, tree["tokens"][b, c]] = 6.0
+    keys = dk.sample_keys(logits, tree["positions"], None, 0.0)
+    out = dk.accept(keys, tree, mp, np.full(batch, 100, np.int32))
+    pages_per = (int(prefix.max()) + n + page_size - 1) // page_size
+    table = rng.permutation(batch * pages_per).astype(np.int32).reshape(batch, pages_per)
+    kv = rng.normal(0, 1, size=(layers, batch * pages_per, page_size, row)).astype(F32)
+
+    def slot_view(a, t):  # [layers, batch, slots, row] through the table
+        return a[:, t].reshape(layers, batch, pages_per * page_size, row)
+
+    want = slot_view(kv, table).copy()
+    for b in range(batch):
+        L = int(out["path_len"][b])
+        src = prefix[b] + out["path"][b, :L]
+        want[:, b, prefix[b]:prefix[b] + L] = slot_view(kv, table)[:, b, src]  # all sources read first
+    moved = sum(int(np.any(out["path"][b, :out["path_len"][b]] != np.arange(out["path_len"][b])))
+                for b in range(batch))
+    assert moved > 0, "no accepted path moved a row: the test would prove nothing"
+    kv_dev, table_dev = on(backend, kv.copy()), on(backend, table.copy())  # (in place: never the originals)
+    st = dk.kv_compact(kv_dev, table_dev, on(backend, prefix), on(backend, out["path"]), on(backend, out["path_len"]))
+    assert dk.status_value(st) == 0
+    np.testing.assert_array_equal(slot_view(host(kv_dev), host(table_dev)), want)
+    if page_size == 1:  # the remap: the same slots through the new table, no row moved
+        kv_dev, table_dev = on(backend, kv.copy()), on(backend, table.copy())
+        dk.kv_compact(kv_dev, table_dev, on(backend, prefix), on(backend, out["path"]), on(backend, out["path_len"]),
+                      remap=True)
+        np.testing.assert_array_equal(host(kv_dev), kv)
+        got = slot_view(kv, host(table_dev))
+        for b in range(batch):
+            L = int(out["path_len"][b])
+            np.testing.assert_array_equal(got[:, b, prefix[b]:prefix[b] + L], want[:, b, prefix[b]:prefix[b] + L])
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
 def test_topk_converts_other_dtypes(dtype):
     rng = np.random.default_rng(7)
