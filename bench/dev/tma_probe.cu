@@ -46,6 +46,27 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
                : "memory");
 }
 
+// The consumer thread of both probes: waits for each tile, holds it `hold` cycles (the math it stands for), frees its
+// stage with release(stage); records this CTA's cycles and the waits' part of them.
+template <class Release>
+__device__ void consume_tiles(uint32_t full0, int tiles, int stages, int hold, Release&& release, long long* cycles,
+                              long long* wait_cycles) {
+  long long waited = 0;
+  const long long t0 = clock64();
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % stages;
+    const long long w0 = clock64();
+    mbar_wait(full0 + 8u * s, uint32_t((t / stages) & 1));
+    const long long w1 = clock64();
+    waited += w1 - w0;
+    while (clock64() - w1 < hold) {
+    }
+    release(s);
+  }
+  cycles[blockIdx.x] = clock64() - t0;
+  wait_cycles[blockIdx.x] = waited;
+}
+
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -105,23 +126,12 @@ __global__ void __launch_bounds__(64, 1)
         tma_box(dst + uint32_t(b * 8192), &map2d, 64 * b, y, bar, mask);
     }
   } else if (threadIdx.x == 0) {  // consumer
-    long long waited = 0;
-    const long long t0 = clock64();
-    for (int t = 0; t < tiles_per_cta; ++t) {
-      const int s = t % kStages;
-      const long long w0 = clock64();
-      mbar_wait(full0 + 8u * s, uint32_t((t / kStages) & 1));
-      const long long w1 = clock64();
-      waited += w1 - w0;
-      while (clock64() - w1 < hold) {
-      }
+    consume_tiles(full0, tiles_per_cta, kStages, hold, [&](int s) {
       if (multicast)
         for (int c = 0; c < group; ++c) mbar_arrive_cluster(empty0 + 8u * s, uint32_t(c));
       else
         mbar_arrive(empty0 + 8u * s);
-    }
-    cycles[blockIdx.x] = clock64() - t0;
-    wait_cycles[blockIdx.x] = waited;
+    }, cycles, wait_cycles);
   }
   if (multicast) cluster_sync();  // no CTA leaves while a peer may still copy into it or arrive on its barriers
 }
@@ -163,20 +173,7 @@ __global__ void __launch_bounds__(64, 1)
       }
     }
   } else if (threadIdx.x == 0) {  // consumer: wait, hold, free
-    long long waited = 0;
-    const long long t0 = clock64();
-    for (int t = 0; t < tiles_per_cta; ++t) {
-      const int s = t % stages;
-      const long long w0 = clock64();
-      mbar_wait(full0 + 8u * s, uint32_t((t / stages) & 1));
-      const long long w1 = clock64();
-      waited += w1 - w0;
-      while (clock64() - w1 < hold) {
-      }
-      mbar_arrive(empty0 + 8u * s);
-    }
-    cycles[blockIdx.x] = clock64() - t0;
-    wait_cycles[blockIdx.x] = waited;
+    consume_tiles(full0, tiles_per_cta, stages, hold, [&](int s) { mbar_arrive(empty0 + 8u * s); }, cycles, wait_cycles);
   }
 }
 
