@@ -206,7 +206,7 @@ void bench_kv_compact(cudaStream_t s, double copy_tbs, bool quick) {
     rh.status = &st1;
     BENCH_OK(ddt_kv_compact_cpu(&rh));
     BENCH_OK(ddt_kv_compact_cuda(&rp, s));
-    const bool ok1 = same(dt1.download(), want1);
+    const bool ok1 = same(dt1.download(), want1) && ds.download()[0] == 0 && st1 == 0;
     const double rus = time_us(s, 200, [&] { BENCH_OK(ddt_kv_compact_cuda(&rp, s)); });
     const double bytes = 2.0 * c.batch * layers * (c.len - 1) * row;
     const double tbs = bytes / (us * 1e-6) / 1e12;

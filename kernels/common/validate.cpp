@@ -178,8 +178,10 @@ int validate(const ddt_kv_compact_params* p) {
   DDT_CHECK_RANGE(p->max_pages >= 1, DDT_ERR_SHAPE, "max_pages (page-table row stride) must be >= 1");
   DDT_CHECK_RANGE(p->num_pages >= 1 && p->num_pages <= (int64_t(1) << 40) / p->page_size, DDT_ERR_SHAPE,
                   "num_pages out of range");
-  DDT_CHECK_RANGE(p->layer_stride % 4 == 0 && p->layer_stride / p->row_bytes / p->page_size >= p->num_pages,
-                  DDT_ERR_SHAPE, "layer_stride must be a multiple of 4 and >= num_pages x page_size x row_bytes");
+  DDT_CHECK_RANGE(p->layer_stride % 4 == 0 && p->layer_stride / p->row_bytes / p->page_size >= p->num_pages &&
+                      p->layer_stride <= (int64_t(1) << 62) / p->num_layers,
+                  DDT_ERR_SHAPE,
+                  "layer_stride must be a multiple of 4, >= num_pages x page_size x row_bytes and <= 2^62 / num_layers");
   DDT_CHECK_RANGE(p->max_path >= 1 && p->max_path <= DDT_MAX_DEPTH + 1, DDT_ERR_SHAPE, "max_path out of range");
   DDT_CHECK_RANGE(p->remap == 0 || (p->remap == 1 && p->page_size == 1), DDT_ERR_SHAPE,
                   "remap must be 0, or 1 with page_size 1");

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "kernels/common/kv_compact.h"
@@ -33,23 +34,26 @@ constexpr int kChunksPerThread = 8;  // chunks in flight per thread per round
 // that the check that follows (kv_compact_moves, on one thread: ~3 dependent loads per path entry) reads L1 hits
 // instead of a chain of L2 / HBM latencies. Values out of range are skipped (the check itself decides); returns a
 // value only to keep the loads (callers pass it to an empty asm).
-__device__ __forceinline__ int kv_compact_warm(const ddt_kv_compact_params& p, int r, int lane) {
+__device__ __forceinline__ uint32_t kv_compact_warm(const ddt_kv_compact_params& p, int r, int lane) {
   const int len = min(__ldca(p.path_len + r), p.max_path);
   const int32_t P = __ldca(p.prefix_lens + r);
   const int64_t row0 = int64_t(r) * p.max_pages, slots = int64_t(p.max_pages) * p.page_size;
   const uint32_t ps = uint32_t(p.page_size);
-  int sink = 0;
+  uint32_t sink = 0;
   for (int k = lane; k < len; k += 32) {
     const int32_t node = __ldca(p.path + int64_t(r) * p.max_path + k);
     const uint32_t s = uint32_t(P) + uint32_t(node), d = uint32_t(P) + uint32_t(k);  // (as kv_compact_moves)
     if (P >= 0 && node >= 0 && s < slots && d < slots)
-      sink += __ldca(p.page_table + row0 + s / ps) + __ldca(p.page_table + row0 + d / ps);
+      sink += uint32_t(__ldca(p.page_table + row0 + s / ps)) + uint32_t(__ldca(p.page_table + row0 + d / ps));
   }
   return sink;
 }
 
 template <class V>  // the chunk: uint4 (16 bytes) or uint32_t
-__global__ void __launch_bounds__(kCompactThreads) kv_compact_kernel(ddt_kv_compact_params p, int layers_per_cta) {
+// stagger_ns: a test hook (DDTREE_KV_COMPACT_STAGGER, read per call): odd warps sleep that long before each round's
+// loads, so a missing barrier between a round's loads and stores shows as wrong bytes in the tests; 0 in use.
+__global__ void __launch_bounds__(kCompactThreads) kv_compact_kernel(ddt_kv_compact_params p, int layers_per_cta,
+                                                                      unsigned stagger_ns) {
   __shared__ KvMove moves[kMaxKvMoves];
   __shared__ int n_moves;
   const int r = blockIdx.x, layer0 = blockIdx.y * layers_per_cta;
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(kCompactThreads) kv_compact_kernel(ddt_kv_comp
   pdl_wait();  // path and path_len come from the accept kernel
   pdl_launch_dependents();
   if (threadIdx.x < 32) {
-    const int sink = kv_compact_warm(p, r, int(threadIdx.x));
+    const uint32_t sink = kv_compact_warm(p, r, int(threadIdx.x));
     asm volatile("" ::"r"(sink));  // (keeps the warming loads; no effect)
   }
   if (threadIdx.x == 0) {
@@ -80,6 +84,7 @@ __global__ void __launch_bounds__(kCompactThreads) kv_compact_kernel(ddt_kv_comp
   };
   for (int c0 = 0; c0 < total; c0 += kCompactThreads * kChunksPerThread) {
     V v[kChunksPerThread];
+    if (stagger_ns && (threadIdx.x & 32)) __nanosleep(stagger_ns);
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int c = c0 + i * kCompactThreads + int(threadIdx.x);
@@ -100,7 +105,7 @@ __global__ void __launch_bounds__(kCompactThreads) kv_remap_kernel(ddt_kv_compac
   pdl_launch_dependents();
   const int r = blockIdx.x * (kCompactThreads / 32) + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   if (r >= p.batch) return;  // (whole warps)
-  const int sink = kv_compact_warm(p, r, lane);
+  const uint32_t sink = kv_compact_warm(p, r, lane);
   asm volatile("" ::"r"(sink));  // (keeps the warming loads; no effect)
   if (lane != 0) return;
   KvMove moves[kMaxKvMoves];
@@ -139,7 +144,9 @@ extern "C" int ddt_kv_compact_cuda(const ddt_kv_compact_params* p, void* stream)
   // (At most 4,095 layers per CTA: its chunk count, layers x 32 moves x 16,384 chunks at most, stays below 2^31.)
   const int lpc = int(std::min<int64_t>({p->num_layers, 4095, std::max<int64_t>(1, (pairs + 2047) / 2048)}));
   const dim3 grid(unsigned(p->batch), unsigned((p->num_layers + lpc - 1) / lpc));
-  if (wide) DDT_CUDA_RETURN(launch_pdl(kv_compact_kernel<uint4>, grid, dim3(kCompactThreads), 0, s, *p, lpc));
-  else DDT_CUDA_RETURN(launch_pdl(kv_compact_kernel<uint32_t>, grid, dim3(kCompactThreads), 0, s, *p, lpc));
+  const char* stagger_env = std::getenv("DDTREE_KV_COMPACT_STAGGER");  // (test hook: see kv_compact_kernel)
+  const unsigned stagger = stagger_env && stagger_env[0] == '1' ? 100000u : 0u;
+  if (wide) DDT_CUDA_RETURN(launch_pdl(kv_compact_kernel<uint4>, grid, dim3(kCompactThreads), 0, s, *p, lpc, stagger));
+  else DDT_CUDA_RETURN(launch_pdl(kv_compact_kernel<uint32_t>, grid, dim3(kCompactThreads), 0, s, *p, lpc, stagger));
   return DDT_OK;
 }

@@ -114,7 +114,7 @@ def lib():
         _lib.ddt_status_string.restype = ctypes.c_char_p
         _lib.ddt_gumbel.restype = ctypes.c_float
         _lib.ddt_gumbel.argtypes = [ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32]
-        for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept", "verify_attn"):
+        for name in ("topk_shard", "topk_combine", "tree_build", "sample_keys", "accept", "verify_attn", "kv_compact"):
             getattr(_lib, f"ddt_{name}_cpu").argtypes = [ctypes.c_void_p]
             getattr(_lib, f"ddt_{name}_cuda").argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         _lib.ddt_verify_attn_portable_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int,
@@ -316,15 +316,20 @@ def kv_compact(kv, page_table, prefix_lens, path, path_len, remap: bool = False,
     contiguous = kv.is_contiguous() if _is_torch(kv) else kv.flags["C_CONTIGUOUS"]
     table_ok = (page_table.dtype == torch.int32 and page_table.is_contiguous()) if _is_torch(page_table) else (
         page_table.dtype == np.int32 and page_table.flags["C_CONTIGUOUS"])
-    if not contiguous or not table_ok or _is_torch(kv) != _is_torch(page_table) or (
+    writeable = _is_torch(kv) or (kv.flags["WRITEABLE"] and page_table.flags["WRITEABLE"])
+    if not contiguous or not table_ok or not writeable or _is_torch(kv) != _is_torch(page_table) or (
             _is_torch(kv) and kv.device != page_table.device):
-        raise ValueError("kv_compact: kv and page_table are written in place: both contiguous, on one device, "
-                         "page_table int32")
+        raise ValueError("kv_compact: kv and page_table are written in place: both contiguous, writeable, on one "
+                         "device, page_table int32")
     itemsize = kv.element_size() if _is_torch(kv) else kv.itemsize
     row_bytes = int(np.prod(kv.shape[3:], dtype=np.int64)) * itemsize
     batch, max_pages = (int(d) for d in page_table.shape)
     ref = kv
     prefix_lens, path, path_len = _as(ref, prefix_lens, "i32"), _as(ref, path, "i32"), _as(ref, path_len, "i32")
+    if len(path.shape) != 2 or int(path.shape[0]) != batch or tuple(prefix_lens.shape) != (batch,) or tuple(
+            path_len.shape) != (batch,):
+        raise ValueError(f"kv_compact: page_table has {batch} rows: prefix_lens and path_len must be [{batch}], path "
+                         f"[{batch}, max_path]")
     st = status if status is not None else _status_word(ref)
     p = _KvCompact(_ptr(kv), num_pages * page_size * row_bytes, layers, row_bytes, page_size, num_pages,
                    _ptr(page_table), max_pages, _ptr(prefix_lens), _ptr(path), _ptr(path_len), batch,

@@ -12,6 +12,7 @@ LatentKvCache::LatentKvCache(const LatentKvShape& s) : shape_(s) {
   if (s.num_layers <= 0 || s.row_dim <= 0 || s.page_size <= 0 || s.num_pages <= 0 || s.max_requests <= 0 ||
       s.max_pages_per_request <= 0)
     throw KvError("LatentKvCache: every shape field must be > 0");
+  if (s.row_dim > 16384) throw KvError("LatentKvCache: row_dim above 16384 (rows of at most 64 KB: kernels.h section 5)");
   data_.assign(std::size_t(s.num_layers) * s.num_pages * s.page_size * s.row_dim, 0.0f);
   table_.assign(std::size_t(s.max_requests) * s.max_pages_per_request, -1);
   free_.reserve(std::size_t(s.num_pages));
@@ -109,6 +110,10 @@ const float* LatentKvCache::row(int layer, int request, int64_t slot) const {
 void LatentKvCache::compact_accepted(int request, int64_t prefix_len, const int32_t* path, int path_len) {
   check_request(request);
   if (prefix_len < 0 || prefix_len > INT32_MAX) throw KvError("compact_accepted: prefix_len out of range");
+  // The accepted rows must all be addressable, also the last when it does not move (a missing reserve shows here).
+  if (path != nullptr && path_len >= 1 && path_len <= DDT_MAX_DEPTH + 1 &&
+      prefix_len + path[path_len - 1] >= capacity(request))
+    throw KvError("compact_accepted: path reaches an unmapped slot; nothing was moved");
   // The kernel library's CPU twin (ddtree/kernels.h, section 5) on this request's page-table row: the same moves,
   // checks and order as the GPU cache's compaction kernel.
   const int32_t prefix = int32_t(prefix_len);

@@ -28,7 +28,7 @@ class KvError : public std::runtime_error {
 
 struct LatentKvShape {
   int num_layers = 0;
-  int row_dim = 0;                 // kv_lora_rank + qk_rope_head_dim
+  int row_dim = 0;                 // kv_lora_rank + qk_rope_head_dim (at most 16384)
   int page_size = 64;              // tokens per page
   int num_pages = 0;               // pages in the pool (per layer; a page index means the same in every layer)
   int max_requests = 0;            // rows of the page table
@@ -68,7 +68,9 @@ class LatentKvCache {
   // Accepted-path compaction for every layer (reference/ddtree.md): verify wrote tree node i at slot
   // prefix_len + i; accepted node path[k] (depth k) moves to slot prefix_len + k, for k in increasing
   // order, skipping path[k] == k. path[0] must be 0 and path strictly increasing (path[k] >= k), which makes
-  // the in-order copy race-free. Throws KvError for an invalid path before copying anything.
+  // the in-order copy race-free; at most DDT_MAX_DEPTH + 1 (33) nodes, the accept kernel's limit. Throws KvError
+  // for an invalid path before copying anything. The copy is the kernel library's CPU twin of the GPU compaction
+  // (ddt_kv_compact_cpu, ddtree/kernels.h section 5).
   void compact_accepted(int request, int64_t prefix_len, const int32_t* path, int path_len);
 
   // Fills every row with `value` (tests poison the cache with NaN so an unwritten row shows).

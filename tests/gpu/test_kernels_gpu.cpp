@@ -400,9 +400,13 @@ TEST(GraphReplay, StepPipelineWithNewInputsInPlace) {
     ddt_accept_params ah{keys.data(), h.tokens.data(), h.parents.data(), h.node_count.data(), batch, N, mp,
                          maxnew.data(), nullptr, 0, path.data(), pl.data(), nt.data(), nn.data(), bo.data(), fi.data(), &st};
     ASSERT_EQ(ddt_accept_cpu(&ah), DDT_OK);
-    std::vector<uint8_t> kv(size_t(kv_stride) * kv_layers);
-    for (auto& x : kv) x = uint8_t(rng());
-    d_kv.upload(kv, s);
+    const std::vector<uint8_t> kv_in = [&] {
+      std::vector<uint8_t> v(size_t(kv_stride) * kv_layers);
+      for (auto& x : v) x = uint8_t(rng());
+      return v;
+    }();
+    d_kv.upload(kv_in, s);
+    std::vector<uint8_t> kv = kv_in;  // (the twin works on a copy: the upload's source stays as it was)
     ddt_kv_compact_params kvh{kv.data(), kv_stride, kv_layers, kv_row, kv_page, kv_pages, kv_table.data(), kv_max_pages,
                               prefix.data(), path.data(), pl.data(), batch, mp, 0, &st};
     ASSERT_EQ(ddt_kv_compact_cpu(&kvh), DDT_OK);
@@ -498,6 +502,60 @@ INSTANTIATE_TEST_SUITE_P(Sweep, KvCompactGpu, ::testing::Values(
     KvCompactGpuCase{65536, 2, 2, 3, 0, 0, 0},      // the largest rows: several rounds per move
     KvCompactGpuCase{64, 4, 61, 40, 6, 0, 0},       // 2 layers per CTA, the last group of one layer
     KvCompactGpuCase{16, 1, 61, 200, 7, 0, 0}));    // 6 layers per CTA
+
+// Each data check alone (the last request of the batch corrupted, the others good): the status bit, the bad
+// request untouched, the others compacted; copy and remap. (Under compute-sanitizer in tests/gpu runs: a check
+// skipped for path_len > max_path would read past the path buffer.)
+TEST(KvCompactGpuData, EachCheckAloneReportsAndLeavesItsRequestUntouched) {
+  for (int kind = 1; kind <= 8; ++kind)
+    for (int page_size : {1, 16}) {
+      const auto c = test::make_kv_compact_case(300 + kind, 2, 64, page_size, 6, 5, 0, 0, kind);
+      for (int remap : {0, 1}) {
+        if (remap && page_size != 1) continue;
+        const KvCompactOut cpu = kv_compact_run(c, false, remap), gpu = kv_compact_run(c, true, remap);
+        EXPECT_EQ(gpu.status, uint32_t(DDT_DATA_BAD_INDEX)) << "kind " << kind << " remap " << remap;
+        EXPECT_TRUE(gpu.kv == cpu.kv) << "kind " << kind << " remap " << remap;
+        EXPECT_EQ(gpu.table, cpu.table) << "kind " << kind << " remap " << remap;
+      }
+    }
+}
+
+// Every move's source is the next move's destination (path[k] = k + 1), and with DDTREE_KV_COMPACT_STAGGER=1 the
+// odd warps of each CTA load 100 us after the even ones: a kernel whose stores of a round did not wait for all of
+// the round's loads would overwrite sources first (a mutant without the barrier fails this; measured: see
+// docs/PERF_NOTES.md K4).
+TEST(KvCompactGpu, StaggeredWarpsStillReadEverySourceFirst) {
+  struct Stagger {  // the test hook on for this test only (also when an assertion returns early)
+    Stagger() { setenv("DDTREE_KV_COMPACT_STAGGER", "1", 1); }
+    ~Stagger() { unsetenv("DDTREE_KV_COMPACT_STAGGER"); }
+  } stagger;
+  for (int row_bytes : {64, 1152, 12}) {
+    auto c = test::make_kv_compact_case(77 + row_bytes, 3, row_bytes, 16, 12, DDT_MAX_DEPTH + 1);
+    auto mapped = [&](int r, int64_t slot) {  // a slot of request r's own pages (entries past them are invalid)
+      if (slot >= int64_t(c.max_pages) * c.page_size) return false;
+      const int32_t page = c.table[size_t(r) * c.max_pages + slot / c.page_size];
+      return page >= 0 && page < c.num_pages;
+    };
+    int moves = 0;
+    for (int r = 0; r < c.batch; ++r) {  // path = {0, 2, 3, .., len}: each move's source is the next one's destination
+      int32_t* pr = c.path.data() + size_t(r) * c.max_path;
+      int len = 1;
+      while (len < std::min(c.max_path, 21) && mapped(r, c.prefix[r] + len + 1)) {
+        pr[len] = len + 1;
+        ++len;
+      }
+      c.path_len[r] = len;
+      moves += len - 1;
+    }
+    ASSERT_GT(moves, 3 * c.batch);
+    const KvCompactOut cpu = kv_compact_run(c, false, 0), gpu = kv_compact_run(c, true, 0);
+    std::vector<uint8_t> want = c.kv;
+    test::kv_compact_reference(c, want, c.table);
+    EXPECT_TRUE(cpu.kv == want) << "row_bytes " << row_bytes;
+    EXPECT_TRUE(gpu.kv == cpu.kv) << "row_bytes " << row_bytes;
+    EXPECT_EQ(gpu.status, 0u);
+  }
+}
 
 TEST(KvCompactGpuRemap, BitwiseEqualToCpuTwinAndMovesNoBytes) {
   for (int bad_every : {0, 3}) {

@@ -308,13 +308,23 @@ def test_kv_compact_after_accept_against_numpy_gather(backend, page_size):
     np.testing.assert_array_equal(slot_view(host(kv_dev), host(table_dev)), want)
     if page_size == 1:  # the remap: the same slots through the new table, no row moved
         kv_dev, table_dev = on(backend, kv.copy()), on(backend, table.copy())
-        dk.kv_compact(kv_dev, table_dev, on(backend, prefix), on(backend, out["path"]), on(backend, out["path_len"]),
-                      remap=True)
+        st = dk.kv_compact(kv_dev, table_dev, on(backend, prefix), on(backend, out["path"]),
+                           on(backend, out["path_len"]), remap=True)
+        assert dk.status_value(st) == 0
         np.testing.assert_array_equal(host(kv_dev), kv)
         got = slot_view(kv, host(table_dev))
         for b in range(batch):
             L = int(out["path_len"][b])
             np.testing.assert_array_equal(got[:, b, prefix[b]:prefix[b] + L], want[:, b, prefix[b]:prefix[b] + L])
+
+
+def test_kv_compact_refuses_mismatched_rows():
+    kv = np.zeros((1, 4, 2, 8), F32)
+    table = np.arange(4, dtype=np.int32).reshape(2, 2)
+    with pytest.raises(ValueError, match="rows"):
+        dk.kv_compact(kv, table, [0], [[0, 1]], [2])  # page_table has 2 rows, the path 1
+    with pytest.raises(ValueError, match="in place"):
+        dk.kv_compact(kv, table.astype(np.int64), [0, 0], [[0], [0]], [1, 1])
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])

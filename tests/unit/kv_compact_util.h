@@ -52,9 +52,11 @@ struct KvCompactCase {
 
 // bad_every > 0: every bad_every-th request (r % bad_every == bad_every - 1) is corrupted, the kind cycling through
 // the ABI's checks: 1 path_len 0, 2 path_len > max_path, 3 path[0] != 0, 4 a repeated node, 5 P < 0, 6 the last
-// node past max_pages x page_size, 7 a moved slot's page -1, 8 a moved slot's page >= num_pages.
+// node past max_pages x page_size, 7 a moved slot's page -1, 8 a moved slot's page >= num_pages. only_kind > 0: the
+// last request alone, with that kind. A corrupted request first gets moves (path {0, 2, 3} when max_path >= 3), so
+// that a kernel skipping a check would change the cache, not only miss the status bit.
 inline KvCompactCase make_kv_compact_case(uint64_t seed, int layers, int row_bytes, int page_size, int batch,
-                                          int max_path, int bad_every = 0, int layer_pad = 0) {
+                                          int max_path, int bad_every = 0, int layer_pad = 0, int only_kind = 0) {
   std::mt19937_64 rng(seed);
   auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   KvCompactCase c;
@@ -66,10 +68,15 @@ inline KvCompactCase make_kv_compact_case(uint64_t seed, int layers, int row_byt
   std::vector<int64_t> P(batch), N(batch);
   int64_t total_pages = 0;
   int need_max = 1;
+  auto kind_of = [&](int r) {
+    if (only_kind > 0) return r == batch - 1 ? only_kind : 0;
+    return bad_every > 0 && r % bad_every == bad_every - 1 ? 1 + (r / bad_every) % 8 : 0;
+  };
   for (int r = 0; r < batch; ++r) {
     const int64_t base = page_size * uni(0, 4);
     P[r] = std::max<int64_t>(0, r % 3 == 0 ? base + uni(-1, 1) : uni(0, 5 * page_size + 40));
     N[r] = uni(1, 64);
+    if (kind_of(r)) N[r] = std::max<int64_t>(N[r], 4);  // (room for the moves of path {0, 2, 3})
     const int64_t pages = (P[r] + N[r] + page_size - 1) / page_size;
     total_pages += pages;
     need_max = std::max<int>(need_max, int(pages));
@@ -110,32 +117,36 @@ inline KvCompactCase make_kv_compact_case(uint64_t seed, int layers, int row_byt
     pr[0] = 0;
     for (int k = 1; k < len; ++k) pr[k] = pick[size_t(k - 1)];
     c.path_len[r] = len;
-    if (bad_every > 0 && r % bad_every == bad_every - 1) {
-      const int kind = 1 + (r / bad_every) % 8;
+    if (const int kind = kind_of(r)) {
       c.bad_kind[r] = kind;
-      // Kinds 4, 7 and 8 need a move: make node 2 the path's second node (slot P + 2 -> P + 1).
-      auto ensure_move = [&] {
-        if (N[r] < 3) return false;
+      if (max_path >= 3) {  // moves: slot P + 2 -> P + 1, P + 3 -> P + 2
         pr[0] = 0;
         pr[1] = 2;
-        c.path_len[r] = 2;
-        return true;
-      };
+        pr[2] = 3;
+        c.path_len[r] = 3;
+      }
       switch (kind) {
         case 1: c.path_len[r] = 0; break;
-        case 2: c.path_len[r] = max_path + 1; break;
+        case 2:  // a whole row of increasing nodes, then one more counted (read past the row if unchecked)
+          for (int k = 1; k < max_path; ++k) pr[k] = k + 1;
+          c.path_len[r] = max_path + 1;
+          break;
         case 3: pr[0] = 1; break;
         case 4:
-          if (ensure_move() && max_path >= 3) { pr[2] = 2; c.path_len[r] = 3; } else pr[0] = 5;
+          if (max_path >= 3) pr[2] = 2; else pr[0] = 5;
           break;
         case 5: c.prefix[r] = -1 - int32_t(uni(0, 5)); break;
-        case 6:
-          if (max_path >= 2) { pr[1] = int32_t(int64_t(c.max_pages) * page_size - P[r]); c.path_len[r] = 2; }
-          else pr[0] = 7;
+        case 6:  // the last node's slot is the first past the page table's row
+          if (max_path >= 2) {
+            if (c.path_len[r] < 2) c.path_len[r] = 2;
+            pr[c.path_len[r] - 1] = int32_t(int64_t(c.max_pages) * page_size - P[r]);
+          } else {
+            pr[0] = 7;
+          }
           break;
         case 7:
         case 8:
-          if (ensure_move()) row[(P[r] + (kind == 7 ? 2 : 1)) / page_size] = kind == 7 ? -1 : int32_t(c.num_pages);
+          if (max_path >= 3) row[(P[r] + (kind == 7 ? 2 : 1)) / page_size] = kind == 7 ? -1 : int32_t(c.num_pages);
           else pr[0] = 9;
           break;
       }

@@ -115,6 +115,28 @@ TEST(KvCompactCpuData, BadRequestsAreReportedAndLeftUntouched) {
   EXPECT_EQ(r.status, 0x100u);
 }
 
+// Each data check alone: one corrupted request (the last of the batch, so its path row ends the buffer) among good
+// ones. The status bit can then only come from that check, and the corrupted request has moves, so a skipped
+// check would also change the cache.
+TEST(KvCompactCpuData, EachCheckAloneReportsAndLeavesItsRequestUntouched) {
+  for (int kind = 1; kind <= 8; ++kind)
+    for (int page_size : {1, 16}) {
+      const KvCompactCase c = make_kv_compact_case(300 + kind, 2, 64, page_size, 6, 5, 0, 0, kind);
+      std::vector<uint8_t> want = c.kv;
+      kv_compact_reference(c, want, c.table);
+      const CompactRun got = run_cpu(c);
+      ASSERT_EQ(got.rc, DDT_OK);
+      EXPECT_EQ(got.status, uint32_t(DDT_DATA_BAD_INDEX)) << "kind " << kind << " page_size " << page_size;
+      EXPECT_TRUE(got.kv == want) << "kind " << kind << " page_size " << page_size;
+      EXPECT_EQ(got.table, c.table);
+      if (page_size == 1) {  // the remap: the same checks, the bad request's table row untouched
+        const CompactRun remap = run_cpu(c, 1);
+        EXPECT_EQ(remap.status, uint32_t(DDT_DATA_BAD_INDEX)) << "remap, kind " << kind;
+        EXPECT_EQ(kv_remap_violation(c, c.table, remap.table), "") << "kind " << kind;
+      }
+    }
+}
+
 TEST(KvCompactCpuRemap, SwapsPageTableEntriesAndMovesNoBytes) {
   for (uint64_t seed : {3u, 4u, 5u}) {
     const KvCompactCase c = make_kv_compact_case(seed, 3, 1152, 1, 40, DDT_MAX_DEPTH + 1, seed == 5 ? 4 : 0);

@@ -329,10 +329,10 @@ int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int split
  * reference/ddtree.md "KV after accept". Verify wrote tree node i's KV row at slot P_r + i of request r, in every
  * layer; the accept kernel's path lists the accepted nodes (path[0] = 0, strictly increasing, so path[k] >= k).
  * Compaction moves the row of slot P_r + path[k] to slot P_r + k for k = 1 .. path_len[r] - 1 (rows with
- * path[k] == k stay), in every layer, so that the accepted sequence occupies P_r .. P_r + path_len[r] - 1. Every
- * source of a request is read before any of its destinations is written (a fully parallel copy races: for path
- * [0, 2, 3] the row moved to slot P + 1 comes from slot P + 2, which the next move overwrites); the result equals
- * the copies done one by one in increasing k. Rows are opaque bytes: row_bytes each (1,152 for the bf16 latent
+ * path[k] == k stay), in every layer, so that the accepted sequence occupies P_r .. P_r + path_len[r] - 1. The
+ * result equals the copies done one by one in increasing k (each source read before any move overwrites it; a fully
+ * parallel copy races: for path [0, 2, 3] the row moved to slot P + 1 comes from slot P + 2, which the next move
+ * overwrites). Rows are opaque bytes: row_bytes each (1,152 for the bf16 latent
  * row of 576; the cpu backend's f32 rows are 4 x 576), a multiple of 4. Layer l's cache starts at kv + l x
  * layer_stride bytes and is laid out [num_pages, page_size, row_bytes]; slot t of request r lives in page
  * page_table[r * max_pages + t / page_size] at offset t % page_size (verify attention's addressing).
@@ -350,8 +350,9 @@ int ddt_verify_attn_sm90_planned_cuda(const ddt_verify_attn_params* p, int split
  * requests then never alias, and the kernel's read-all-then-write order gives the sequential result.
  * Host-visible checks (return codes, nothing launched): null pointers (DDT_ERR_NULL), alignment (DDT_ERR_ALIGN:
  * kv 4 bytes, the int arrays 4), ranges (DDT_ERR_SHAPE: batch 0..65535, num_layers 1..65535, row_bytes a
- * positive multiple of 4 up to 65536, layer_stride >= num_pages x page_size x row_bytes and a multiple of 4,
- * page_size >= 1, max_pages >= 1, num_pages >= 1, max_path 1..DDT_MAX_DEPTH + 1, remap only with page_size 1).
+ * positive multiple of 4 up to 65536, layer_stride a multiple of 4 in [num_pages x page_size x row_bytes,
+ * 2^62 / num_layers], page_size >= 1, max_pages >= 1, 1 <= num_pages <= 2^40 / page_size, max_path
+ * 1..DDT_MAX_DEPTH + 1, remap only with page_size 1).
  * CPU and CUDA results are bitwise identical (bytes are copied, not computed). The CUDA kernel: one CTA per
  * (request, group of layers), sources staged in registers then written, 16-byte accesses when row_bytes,
  * layer_stride and kv allow; remap one warp per request; no host sync, no allocation, CUDA-graph safe, launched
