@@ -289,7 +289,7 @@ def accept(keys, tree: dict, max_path: int, max_new, stop_ids=(), status=None) -
     count = _as(ref, tree["node_count"], "i32")
     if tuple(tokens.shape) != (batch, n) or tuple(parents.shape) != (batch, n) or tuple(count.shape) != (batch,):
         raise ValueError(f"accept: tree arrays must be [batch, n] = [{batch}, {n}] and node_count [batch]")
-    max_new = _as(ref, np.broadcast_to(to_numpy(max_new), (batch,)), "i32")
+    max_new = _as(ref, np.broadcast_to(to_numpy(max_new), (batch,)).copy(), "i32")  # (a writable copy for torch)
     stop_list = [int(x) for x in to_numpy(stop_ids).reshape(-1)] if len(stop_ids) else []
     stops = _as(ref, stop_list, "i32") if stop_list else None
     out = {"path": _like(ref, (batch, max_path), "i32"), "new_tokens": _like(ref, (batch, max_path), "i32")}
