@@ -251,6 +251,23 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t da, u
       : "memory");
 }
 
+// D (64 x 8) += A B, both from shared memory (the narrow path at N = 8: requests of at most 8 rows).
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n8k16_ss(float (&d)[4], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTransA), "n"(kTransB)
+      : "memory");
+}
+// The narrow path's wgmma at N = kN (8 or 16): D (64 x kN) += A B.
+template <int kN, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_narrow(float (&d)[kN / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (kN == 8) wgmma_m64n8k16_ss<kTransA, kTransB>(d, da, db, scale_d);
+  else wgmma_m64n16k16_ss<kTransA, kTransB>(d, da, db, scale_d);
+}
+
 // The item's geometry (computed from the item alone): rows [64 t, 64 t + 64) of request r against its split's
 // key range [kb, ke) (kb = split x split_keys), or all keys when not split. The producer computes it with the
 // page check (bad) and hands it to the math warps through shared memory (Pipe::info).
@@ -448,9 +465,15 @@ __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arr
 // bitwise on the GPU by ChainNodeEqualsSingleNodeDecodeBitwise and Sm90NarrowPathEqualsWidePathBitwise).
 // Thread (warp v of a warpgroup, lane g * 4 + c) holds S^T / O^T elements d[4 j + 2 h + e] = (key or dim
 // 16 v + g + 8 h, row 8 j + 2 c + e), j, h, e in {0, 1}.
+// kN: wgmma's N, the rows an item may have: 8 (requests of <= 8 rows: T 1 at H 8) or 16; the buffers keep the
+// 16-row layout either way (N = 8 reads rows 0-7 of each swizzle atom). kJ = kN / 8 column groups, kI = 2 kJ rows
+// per thread (row n = 8 (i >> 1) + 2 c + (i & 1)).
+template <int kN>
 __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
                                float* ws_ml, const Pipe& pipe, uint32_t& full_phase, uint32_t q_parity) {
 #if DDT_SM90_BODY
+  static_assert(kN == 8 || kN == 16, "narrow path: N = 8 or 16");
+  constexpr int kJ = kN / 8, kI = 2 * kJ;
   // (tid from an opaque move: values derived from it stay inside the item instead of being hoisted out of
   // the persistent loops, where they would be live across the wide path too and spill)
   int tid = threadIdx.x;
@@ -481,9 +504,9 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     float* red = reinterpret_cast<float*>(base + kOffNRed);    // [4 warps][16]
     float* lpart = reinterpret_cast<float*>(base + kOffNL);    // [16][8]
     const float scale_log2 = p.softmax_scale * kLog2e;
-    float m_run[4];  // running max (log2 units) of this thread's rows n = 8 j + 2 c + e (index i = 2 j + e)
+    float m_run[kI];  // running max (log2 units) of this thread's rows n = 8 j + 2 c + e (index i = 2 j + e)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) m_run[i] = num::kNegInf;
+    for (int i = 0; i < kI; ++i) m_run[i] = num::kNegInf;
     // The row-sum threads: row ln, the wide path's share of its warpgroup lw, quad lane lc.
     const int ln = wt >> 3, lw = (wt >> 2) & 1, lc = wt & 3;
     float l_m = num::kNegInf, l_part = 0.0f;
@@ -514,7 +537,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       const uint32_t skv = sbase + uint32_t(kOffKv + buf * kKvBytes);
 
       // S^T = K Q^T over the 576 dims.
-      float s[8];
+      float s[kN / 2];
       reg_fence(s);
       wgmma_fence();
       const uint64_t dk0 = sw128_desc(skv, 16, 1024), dq0 = sw128_desc(sq, 16, 1024);
@@ -522,7 +545,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       for (int st = 0; st < 36; ++st) {
         const uint64_t offk = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
         const uint64_t offq = uint64_t(((st >> 2) * kNBox + (st & 3) * 32) >> 4);
-        wgmma_m64n16k16_ss<0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
+        wgmma_narrow<kN, 0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
       }
       wgmma_commit();
       wgmma_wait_all();
@@ -532,24 +555,24 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 
       // Scale and mask (the wide path's masks, per row), max over this thread's 2 keys, the 8 lanes of
       // equal c (the warp's 16 keys), then the 4 warps through shared memory.
-      uint64_t vm[4];
+      uint64_t vm[kI];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) vm[i] = ~uint64_t(0);
+      for (int i = 0; i < kI; ++i) vm[i] = ~uint64_t(0);
       if (!(k0 + kKeys <= q.prefix && k0 + kKeys <= ke)) {
         const int64_t t0 = k0 - q.prefix, n_in = ke - k0;
         const uint64_t in_mask = n_in >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_in) - 1;
         const uint64_t pre_mask = t0 >= 0 ? 0 : (t0 <= -64 ? ~uint64_t(0) : (uint64_t(1) << -t0) - 1);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // (the vis rows looked up here: few registers live across the loop)
+        for (int i = 0; i < kI; ++i) {  // (the vis rows looked up here: few registers live across the loop)
           const int n = 8 * (i >> 1) + 2 * c + (i & 1);
           const uint64_t* vis = p.vis + (int64_t(q.first_row) + n / H) * p.vis_words;
           vm[i] = ((n < rows_here ? vis_window(vis, p.vis_words, t0) : 0) | pre_mask) & in_mask;
         }
       }
       const int ka = 16 * wv + g;  // this thread's keys ka, ka + 8
-      float mx[4];
+      float mx[kI];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kI; ++i) {
         const int ri = 4 * (i >> 1) + (i & 1);  // s[ri] = (ka, row i), s[ri + 2] = (ka + 8, row i)
         s[ri] = (vm[i] >> ka) & 1u ? __fmul_rn(s[ri], scale_log2) : num::kNegInf;
         s[ri + 2] = (vm[i] >> (ka + 8)) & 1u ? __fmul_rn(s[ri + 2], scale_log2) : num::kNegInf;
@@ -560,7 +583,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       }
       if (g == 0)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[wv * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
+        for (int i = 0; i < kI; ++i) red[wv * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)] = mx[i];
       DDT_PROF_LAP(13, tp);  // mask, scale, max
       wg_bar(0);  // (B) the 4 warps' maxima
       DDT_PROF_LAP(6, tp);
@@ -568,9 +591,9 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       auto tile_max = [&](int n) {
         return fmaxf(fmaxf(red[n], red[kNarrowRows + n]), fmaxf(red[2 * kNarrowRows + n], red[3 * kNarrowRows + n]));
       };
-      float muse[4], alpha[4];
+      float muse[kI], alpha[kI];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kI; ++i) {
         const float mnew = fmaxf(m_run[i], tile_max(8 * (i >> 1) + 2 * c + (i & 1)));
         muse[i] = mnew == num::kNegInf ? 0.0f : mnew;
         alpha[i] = exp2_ftz(m_run[i] - muse[i]);
@@ -593,7 +616,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       asm volatile("" : "+r"(tl));
       const int cl = tl & 3, kal = 16 * ((tl >> 5) & 3) + ((tl >> 2) & 7);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kI; ++i) {
         const int n = 8 * (i >> 1) + 2 * cl + (i & 1), ri = 4 * (i >> 1) + (i & 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -625,11 +648,11 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     if ((wt & 7) == 0) fin[2 * ln] = l_m;
   } else {
     // ---- warpgroup 1: O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T, all 512 dims ----
-    float acc[8][8];  // O^T blocks: dims 64 b + 16 wv + g (+ 8)
+    float acc[8][kN / 2];  // O^T blocks: dims 64 b + 16 wv + g (+ 8)
 #pragma unroll
     for (int b = 0; b < 8; ++b)
 #pragma unroll
-      for (int r = 0; r < 8; ++r) acc[b][r] = 0.0f;
+      for (int r = 0; r < kN / 2; ++r) acc[b][r] = 0.0f;
 #pragma unroll 1
     for (int64_t it = 0; it < ntiles; ++it) {
       const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S46)
@@ -637,13 +660,13 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       full_phase ^= 1u << buf;
       if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       named_bar_sync(5 + buf);  // P^T and the rescale factors of tile it
-      float alpha[4];
+      float alpha[kI];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) alpha[i] = alpha_buf[buf * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)];
+      for (int i = 0; i < kI; ++i) alpha[i] = alpha_buf[buf * kNarrowRows + 8 * (i >> 1) + 2 * c + (i & 1)];
 #pragma unroll
       for (int b = 0; b < 8; ++b)
 #pragma unroll
-        for (int r = 0; r < 8; ++r) acc[b][r] *= alpha[2 * (r >> 2) + (r & 1)];
+        for (int r = 0; r < kN / 2; ++r) acc[b][r] *= alpha[2 * (r >> 2) + (r & 1)];
 #pragma unroll
       for (int b = 0; b < 8; ++b) reg_fence(acc[b]);
       wgmma_fence();
@@ -655,10 +678,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         const uint64_t dv = sw128_desc(skv + uint32_t(b * kBox), kBox, 1024);
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks)
-          wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dphi + uint64_t(ks * 2), 1);
+          wgmma_narrow<kN, 1, 0>(acc[b], dv + uint64_t(ks * 128), dphi + uint64_t(ks * 2), 1);
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks)
-          wgmma_m64n16k16_ss<1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
+          wgmma_narrow<kN, 1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
       }
       wgmma_commit();
       wgmma_wait_all();
@@ -676,7 +699,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     // below with a divergence check and a slow path, as it did in the unplanned build)
     const bool odd = (g & 1) != 0, split = __shfl_sync(0xFFFFFFFFu, geo.is_split ? 1 : 0, 0) != 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kI; ++i) {
       const int n = 8 * (i >> 1) + 2 * c + (i & 1);
       const bool row_in = n < rows_here;  // (the same for lanes g and g ^ 1: the shuffles run on every lane)
       if (split) {
@@ -798,7 +821,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   }
   if (narrow) {
     DDT_PROF_LAP(1, tp);  // item prologue
-    process_narrow(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
+    // N = 8 for requests of at most 8 rows (T 1 at H 8), else 16 (narrow_mode 3: 16 always, for comparisons)
+    if (geo.n_rows <= 8 && narrow_mode != 3) process_narrow<8>(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
+    else process_narrow<16>(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
     return;
   }
   // Q: the latent part into shared memory (16 chunks per thread), the rope part as A fragments: qr[s] = rows
@@ -1072,8 +1097,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // use_qtma: 1 = the Q maps are valid (encode_q_maps), Q loads by the producer's TMA; 0 = cp.async;
   // kv_l2_evict_first: 1 = the TMA copies of KV tiles that only one CTA reads carry an L2 evict_first hint
   // (kv_evict_first_pays: the launcher's choice);
-  // narrow_mode: 1 = requests of at most 16 rows take process_narrow, 0 = off (DDTREE_SM90_NARROW=0), 2 = on and
-  // each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the tests' evidence that it ran)
+  // narrow_mode: 1 = requests of at most 16 rows take process_narrow (at N = 8 up to 8 rows), 0 = off
+  // (DDTREE_SM90_NARROW=0), 2 = on and each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_SM90_NARROW=probe: the
+  // tests' evidence that it ran), 3 = on at N = 16 for every narrow item (DDTREE_SM90_NARROW=16, for comparisons)
   // plan: null (each CTA checks node_offsets and scans the requests) or a plan of plan_capacity items
   // (ddt_verify_attn_sm90_planned_cuda)
 #if DDT_SM90_BODY
@@ -1320,7 +1346,11 @@ int launch_sm90(const ddt_verify_attn_params* p, int split_keys, const PlanHeade
   // The narrow path (process_narrow) unless DDTREE_SM90_NARROW=0; =probe also marks the status word (read per
   // call: the tests compare both paths; a captured CUDA graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_SM90_NARROW");
-  const int narrow = !narrow_env ? 1 : std::strcmp(narrow_env, "0") == 0 ? 0 : std::strcmp(narrow_env, "probe") == 0 ? 2 : 1;
+  const int narrow = !narrow_env                          ? 1
+                     : std::strcmp(narrow_env, "0") == 0     ? 0
+                     : std::strcmp(narrow_env, "probe") == 0 ? 2
+                     : std::strcmp(narrow_env, "16") == 0    ? 3  // (N = 16 also for requests of <= 8 rows)
+                                                              : 1;
   // Q by the producer's TMA when the q maps encode (DDTREE_SM90_QTMA=0: the math warps' cp.async).
   CUtensorMap qmap_wide{}, qmap_narrow{};
   const int qtma = encode_q_maps(&qmap_wide, &qmap_narrow, *p);
