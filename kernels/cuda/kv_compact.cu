@@ -5,10 +5,10 @@
 // moves (kernels/common/kv_compact.h, the CPU twin's function) into shared memory; then the rows move in rounds of
 // 128 x 8 chunks (16 bytes, or 4 where row_bytes, layer_stride or kv are not 16-byte multiples), chunks numbered
 // layer-major, then move-major (move m, chunk w of its row): each thread loads its chunks of the round, the CTA
-// syncs, then stores them. That equals the one-by-one
-// copies in increasing k: the only overlaps are a source slot P + path[j] that a later move k (path[j] = k, j < k)
-// writes, and a read of move j is numbered below the write of move k at the same chunk, so it happens in an
-// earlier round or before the same round's barrier; no move reads a slot an earlier move wrote.
+// syncs, then stores them. That equals the one-by-one copies in increasing k: the only overlaps are a source slot
+// P + path[j] that a later move k (path[j] = k, j < k) writes, and a read of move j is numbered below the write of
+// move k at the same chunk, so it happens in an earlier round or before the same round's barrier; no move reads a
+// slot an earlier move wrote.
 // Remap (page_size 1): one warp per request; its lane 0 swaps the page-table entries in increasing k.
 // Both start with pdl_wait (the path comes from the accept kernel, the launch before on the stream).
 #include <cuda_runtime.h>
@@ -49,9 +49,10 @@ __device__ __forceinline__ uint32_t kv_compact_warm(const ddt_kv_compact_params&
   return sink;
 }
 
-template <class V>  // the chunk: uint4 (16 bytes) or uint32_t
-// stagger_ns: a test hook (DDTREE_KV_COMPACT_STAGGER, read per call): odd warps sleep that long before each round's
-// loads, so a missing barrier between a round's loads and stores shows as wrong bytes in the tests; 0 in use.
+// V: the chunk, uint4 (16 bytes) or uint32_t. stagger_ns: a test hook (DDTREE_KV_COMPACT_STAGGER, read per call):
+// odd warps sleep that long before each round's loads, so a missing barrier between a round's loads and stores
+// shows as wrong bytes in the tests; 0 in use.
+template <class V>
 __global__ void __launch_bounds__(kCompactThreads) kv_compact_kernel(ddt_kv_compact_params p, int layers_per_cta,
                                                                       unsigned stagger_ns) {
   __shared__ KvMove moves[kMaxKvMoves];
