@@ -32,8 +32,8 @@
 //    latent 512 dims of 64 rows, or the narrow path's 16 rows x 576) once the math warps are done with the
 //    previous item's Q; without the Q tensor maps the math warps load Q with cp.async.
 //  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_narrow:
-//    rows as wgmma's N, S^T = K Q^T and O^T = V^T P^T, warpgroup 0 S and softmax, warpgroup 1 PV), bitwise
-//    equal to the 64-row path above (docs/PERF_NOTES.md S14).
+//    rows as wgmma's N, 8 for requests of at most 8 rows, else 16; S^T = K Q^T and O^T = V^T P^T, warpgroup 0 S
+//    and softmax, warpgroup 1 PV), bitwise equal to the 64-row path above (docs/PERF_NOTES.md S14, S55).
 //  - Scheduling, checks, padding, poison, workspace and combine: exactly the portable kernel's
 //    (verify_attn_sched.cuh; persistent CTAs over items numbered request by request, split then row tile, the
 //    last split of a request of at most 128 rows and 32 splits listed after every other item: MainCounts).
@@ -447,10 +447,11 @@ __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arr
 
 // The narrow path: an item of a request with at most kNarrowRows (16) rows (T 1 at H 8 / 16: decode), so
 // the wide path's 64-row tiles would be 1/8 to 1/4 used. The rows become wgmma's N instead of its M:
-//   S^T [64 keys x 16 rows] = K Q^T  (m64n16k16, A = the KV tile's 9 boxes as they lie (K-major, the wide
-//                                     path's B), B = Q^T: [9 boxes][16 rows][64 dims], K-major; 36 k-steps
-//                                     in the wide path's order: 32 latent, then 4 rope)
-//   O^T [512 dims x 16 rows] += V^T P^T (m64n16k16, A = V read MN-major (the wide path's V descriptor),
+//   S^T [64 keys x N rows] = K Q^T  (m64nNk16, N = 8 for requests of at most 8 rows, else 16; A = the KV
+//                                     tile's 9 boxes as they lie (K-major, the wide path's B), B = Q^T: [9 boxes]
+//                                     [16 rows][64 dims], K-major (N = 8 reads rows 0-7); 36 k-steps in the wide
+//                                     path's order: 32 latent, then 4 rope)
+//   O^T [512 dims x N rows] += V^T P^T (m64nNk16, A = V read MN-major (the wide path's V descriptor),
 //                                     B = P^T hi, then P^T lo: [16 rows][64 keys] bf16, K-major)
 // Roles: warpgroup 0 computes S^T, the masks, the row maxima and P (and the row sums); warpgroup 1 holds
 // all of O^T (8 accumulators of 64 dims) and runs PV. They hand over P^T (hi, lo) and the rescale factors

@@ -494,6 +494,12 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
       const Result wide_cp = run_gpu_with_qtma(p, fn, "0");
       setenv("DDTREE_SM90_NARROW", "probe", 1);
       const Result narrow_cp = run_gpu_with_qtma(p, fn, "0");
+      // The narrow path at wgmma N = 16 also for requests of <= 8 rows (N = 8 by default): the same bits.
+      setenv("DDTREE_SM90_NARROW", "16", 1);
+      const Result narrow16 = run_gpu(p, fn);
+      EXPECT_EQ(rows_differing(narrow, narrow16), 0) << su.name << ": narrow path at N = 8 vs N = 16";
+      EXPECT_EQ(narrow16.status, narrow.status & ~DDT_DATA_PROBE_NARROW) << su.name;
+      setenv("DDTREE_SM90_NARROW", "probe", 1);
       EXPECT_EQ(rows_differing(narrow, narrow_cp), 0) << su.name << ": narrow path, Q by TMA vs cp.async";
       EXPECT_EQ(rows_differing(wide, wide_cp), 0) << su.name << ": wide path, Q by TMA vs cp.async";
       EXPECT_EQ(narrow_cp.status, narrow.status) << su.name;
