@@ -74,7 +74,7 @@ int main() {
     cudaMalloc(&dst, 4);
     cudaMemset(dst, 0, 4);
     ddt_verify_attn_params prm{dq, dkv, dpt, dpre, doff, dvis, sh.batch, total, H, kPage, max_pages, num_pages, W,
-                               0.1352337f, dout, dlse, dst};
+                               0.1352337f, dout, dlse, dst, DDT_ATTN_P_HILO};
     size_t ws_bytes = 0;
     const int split_keys = 512;
     ddt_verify_attn_portable_workspace(&prm, split_keys, &ws_bytes);

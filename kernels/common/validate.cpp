@@ -153,6 +153,8 @@ int validate(const ddt_verify_attn_params* p) {
   DDT_CHECK_RANGE(p->vis_words >= 1 && p->vis_words <= (1 << 16), DDT_ERR_SHAPE, "vis_words out of range 1..65536");
   DDT_CHECK_RANGE(std::isfinite(p->softmax_scale) && p->softmax_scale > 0.0f, DDT_ERR_VALUE,
                   "softmax_scale must be finite and > 0");
+  DDT_CHECK_RANGE(p->p_precision == DDT_ATTN_P_HILO || p->p_precision == DDT_ATTN_P_BF16, DDT_ERR_VALUE,
+                  "p_precision must be DDT_ATTN_P_HILO (0) or DDT_ATTN_P_BF16 (1)");
   // Device data (node counts, prefix lengths, page indices) is checked in the kernels: DDT_DATA_BAD_INDEX.
   DDT_CHECK_PTR(p->q, 16);
   DDT_CHECK_PTR(p->kv_cache, 16);

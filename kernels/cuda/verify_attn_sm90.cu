@@ -469,7 +469,7 @@ __device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arr
 // kN: wgmma's N, the rows an item may have: 8 (requests of <= 8 rows: T 1 at H 8) or 16; the buffers keep the
 // 16-row layout either way (N = 8 reads rows 0-7 of each swizzle atom). kJ = kN / 8 column groups, kI = 2 kJ rows
 // per thread (row n = 8 (i >> 1) + 2 c + (i & 1)).
-template <int kN>
+template <int kN, bool kPBf16>
 __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, const ItemGeom& geo, unsigned char* base, float* ws_o,
                                float* ws_ml, const Pipe& pipe, uint32_t& full_phase, uint32_t q_parity) {
 #if DDT_SM90_BODY
@@ -607,8 +607,8 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         alpha_l = exp2_ftz(l_m - mu);
         l_m = mnew;
       }
-      // P = exp2(s - m) as bf16 hi + lo into P^T [row][key] of buffer buf (K-major, swizzled), f32 P for the
-      // row sums, the rescale factors for warpgroup 1. (Store offsets from an opaque copy of the thread
+      // P = exp2(s - m) as bf16 hi + lo (kPBf16: hi alone) into P^T [row][key] of buffer buf (K-major,
+      // swizzled), f32 P for the row sums, the rescale factors for warpgroup 1. (Store offsets from an opaque copy of the thread
       // index, recomputed each tile: hoisted out of the persistent loops they are spilled.)
       if (it >= 2) named_bar_sync(7 + buf);  // warpgroup 1's PV of tile it - 2 is done with buffer buf
       unsigned char* phi = base + kOffNP + buf * 2 * kNBox;
@@ -624,10 +624,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
           const int key = kal + 8 * h;
           const float pv = exp2_ftz(s[ri + 2 * h] - muse[i]);
           const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
-          const __nv_bfloat16 lo = __float2bfloat16_rn(pv - __bfloat162float(hi));
           const uint32_t off = sw128_off(n, key >> 3) + 2 * (key & 7);
           *reinterpret_cast<__nv_bfloat16*>(phi + off) = hi;
-          *reinterpret_cast<__nv_bfloat16*>(plo + off) = lo;
+          if constexpr (!kPBf16)
+            *reinterpret_cast<__nv_bfloat16*>(plo + off) = __float2bfloat16_rn(pv - __bfloat162float(hi));
           pf[n * kKeys + key] = pv;
         }
         if (kal == 0) alpha_buf[buf * kNarrowRows + n] = alpha[i];  // (warp 0, lanes 0 .. 3: the 16 rows)
@@ -648,7 +648,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
     lpart[ln * 8 + lw * 4 + lc] = l_part;
     if ((wt & 7) == 0) fin[2 * ln] = l_m;
   } else {
-    // ---- warpgroup 1: O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T, all 512 dims ----
+    // ---- warpgroup 1: O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T (kPBf16: no P_lo term), all 512 dims ----
     float acc[8][kN / 2];  // O^T blocks: dims 64 b + 16 wv + g (+ 8)
 #pragma unroll
     for (int b = 0; b < 8; ++b)
@@ -680,9 +680,10 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks)
           wgmma_narrow<kN, 1, 0>(acc[b], dv + uint64_t(ks * 128), dphi + uint64_t(ks * 2), 1);
+        if constexpr (!kPBf16)
 #pragma unroll
-        for (int ks = 0; ks < kKeys / 16; ++ks)
-          wgmma_narrow<kN, 1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
+          for (int ks = 0; ks < kKeys / 16; ++ks)
+            wgmma_narrow<kN, 1, 0>(acc[b], dv + uint64_t(ks * 128), dplo + uint64_t(ks * 2), 1);
       }
       wgmma_commit();
       wgmma_wait_all();
@@ -759,7 +760,9 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 }
 
 // The math warpgroups' share of an item (threads 0 .. 255). base: the 1024-aligned shared-memory window
-// (generic pointer), red: [2 warpgroups][64 rows] f32 exchange; full_phase: see Pipe.
+// (generic pointer), red: [2 warpgroups][64 rows] f32 exchange; full_phase: see Pipe. kPBf16: P as one bf16
+// (DDT_ATTN_P_BF16: no P lo, one PV product), else the hi + lo pair.
+template <bool kPBf16>
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
                              float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
@@ -823,8 +826,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   if (narrow) {
     DDT_PROF_LAP(1, tp);  // item prologue
     // N = 8 for requests of at most 8 rows (T 1 at H 8), else 16 (narrow_mode 3: 16 always, for comparisons)
-    if (geo.n_rows <= 8 && narrow_mode != 3) process_narrow<8>(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
-    else process_narrow<16>(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
+    if (geo.n_rows <= 8 && narrow_mode != 3)
+      process_narrow<8, kPBf16>(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
+    else process_narrow<16, kPBf16>(p, geo, base, ws_o, ws_ml, pipe, full_phase, q_parity);
     return;
   }
   // Q: the latent part into shared memory (16 chunks per thread), the rope part as A fragments: qr[s] = rows
@@ -983,16 +987,16 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       const float pb0 = exp2_ftz(s[4 * j + 2] - mb_use), pb1 = exp2_ftz(s[4 * j + 3] - mb_use);
       sum_a += pa0 + pa1;
       sum_b += pb0 + pb1;
-      // P = hi + lo, both bf16 (p - hi is exact in f32); key chunk 4 wg + j, bytes 4 c of it.
+      // P = hi + lo, both bf16 (p - hi is exact in f32; kPBf16: hi alone); key chunk 4 wg + j, bytes 4 c of it.
       const __nv_bfloat162 ha = __floats2bfloat162_rn(pa0, pa1), hb = __floats2bfloat162_rn(pb0, pb1);
-      const float2 fa = __bfloat1622float2(ha), fb = __bfloat1622float2(hb);
-      const __nv_bfloat162 la = __floats2bfloat162_rn(pa0 - fa.x, pa1 - fa.y);
-      const __nv_bfloat162 lb = __floats2bfloat162_rn(pb0 - fb.x, pb1 - fb.y);
       const uint32_t oa = sw128_off(ral, 4 * wgl + j) + 4 * cl, ob = sw128_off(ral + 8, 4 * wgl + j) + 4 * cl;
       *reinterpret_cast<__nv_bfloat162*>(phi + oa) = ha;
       *reinterpret_cast<__nv_bfloat162*>(phi + ob) = hb;
-      *reinterpret_cast<__nv_bfloat162*>(plo + oa) = la;
-      *reinterpret_cast<__nv_bfloat162*>(plo + ob) = lb;
+      if constexpr (!kPBf16) {
+        const float2 fa = __bfloat1622float2(ha), fb = __bfloat1622float2(hb);
+        *reinterpret_cast<__nv_bfloat162*>(plo + oa) = __floats2bfloat162_rn(pa0 - fa.x, pa1 - fa.y);
+        *reinterpret_cast<__nv_bfloat162*>(plo + ob) = __floats2bfloat162_rn(pb0 - fb.x, pb1 - fb.y);
+      }
     }
     l_a = __fmaf_rn(l_a, alpha_a, sum_a);
     l_b = __fmaf_rn(l_b, alpha_b, sum_b);
@@ -1001,7 +1005,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     math_bar();  // (C) P complete
     DDT_PROF_LAP(8, tp);
 
-    // O_w = alpha O_w + P_hi V_w + P_lo V_w.
+    // O_w = alpha O_w + P_hi V_w + P_lo V_w (kPBf16: no P_lo term).
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       acc[4 * j] *= alpha_a;
@@ -1016,9 +1020,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks)
       wgmma_m64n256k16_ss_tb(acc, dphi + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
+    if constexpr (!kPBf16)
 #pragma unroll
-    for (int ks = 0; ks < kKeys / 16; ++ks)
-      wgmma_m64n256k16_ss_tb(acc, dplo + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
+      for (int ks = 0; ks < kKeys / 16; ++ks)
+        wgmma_m64n256k16_ss_tb(acc, dplo + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
     wgmma_commit();
     wgmma_wait_all();
     reg_fence(acc);
@@ -1087,7 +1092,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // warpgroup 2 (threads 256 .. 383: the KV copies). Registers: 168 per thread at launch; the producer gives
 // back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
 // kPlanned: the instantiation of planned calls (plan non-null); the unplanned one compiles without the plan's code.
-template <bool kPlanned>
+// kPBf16: p_precision DDT_ATTN_P_BF16 (P as one bf16, one PV product), else the default hi + lo.
+template <bool kPlanned, bool kPBf16>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     verify_attn_sm90_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml,
                             const __grid_constant__ CUtensorMap kv_map, int use_tma, int narrow_mode,
@@ -1152,7 +1158,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     run_flash_items<kRows, false, kPlanned>(
         p, split_keys, scan_buf,
         [&](const Item& item, const PlanItem*) {
-          process_item(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
+          process_item<kPBf16>(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
           DDT_PROF_CTA(3, false);
         },
         plan, plan_capacity);
@@ -1214,18 +1220,22 @@ FlashDeviceInfo device_info() {
     // The body exists only in sm_90a code (DDT_SM90_BODY); an image built for plain 90 loads an empty kernel
     // on this device. The body's static shared memory (red, the mbarriers, the item list) tells them apart.
     cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel<false>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel<false, false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return {-2, 0, 0};
     }
     if (fa.sharedSizeBytes == 0) return {-3, 0, 0};
-    // (both instantiations opt in to the dynamic shared memory; they have the same resources)
-    if (cudaFuncSetAttribute(verify_attn_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
-        cudaSuccess) {
+    // (every instantiation opts in to the dynamic shared memory; they have the same launch resources)
+    if (cudaFuncSetAttribute(verify_attn_sm90_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytes) != cudaSuccess ||
+        cudaFuncSetAttribute(verify_attn_sm90_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytes) != cudaSuccess ||
+        cudaFuncSetAttribute(verify_attn_sm90_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmemBytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return {-2, 0, 0};
     }
-    return resident_grids(verify_attn_sm90_kernel<false>, kCtaThreads, kSmemBytes, dev);
+    return resident_grids(verify_attn_sm90_kernel<false, false>, kCtaThreads, kSmemBytes, dev);
   });
 }
 
@@ -1356,12 +1366,12 @@ int launch_sm90(const ddt_verify_attn_params* p, int split_keys, const PlanHeade
   CUtensorMap qmap_wide{}, qmap_narrow{};
   const int qtma = encode_q_maps(&qmap_wide, &qmap_narrow, *p);
   const int evict_first = kv_evict_first_pays(b);
-  if (plan)
-    verify_attn_sm90_kernel<true><<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(
-        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, evict_first, plan, plan_capacity);
-  else
-    verify_attn_sm90_kernel<false><<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(
-        *p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide, qmap_narrow, qtma, evict_first, nullptr, 0);
+  // The instantiation: planned or not, P's precision (validate() admitted only the two DDT_ATTN_P_ values).
+  const bool p_bf16 = p->p_precision == DDT_ATTN_P_BF16;
+  auto* kernel = plan ? (p_bf16 ? verify_attn_sm90_kernel<true, true> : verify_attn_sm90_kernel<true, false>)
+                      : (p_bf16 ? verify_attn_sm90_kernel<false, true> : verify_attn_sm90_kernel<false, false>);
+  kernel<<<unsigned(grid), kCtaThreads, kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml, map, tma, narrow, qmap_wide,
+                                                         qmap_narrow, qtma, evict_first, plan, plan ? plan_capacity : 0);
   DDT_CUDA_LAUNCHED();
   return launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s, plan, plan_capacity);
 }

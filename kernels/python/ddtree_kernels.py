@@ -89,7 +89,7 @@ class _VerifyAttn(ctypes.Structure):
                 ("batch", ctypes.c_int), ("total_nodes", ctypes.c_int), ("heads", ctypes.c_int),
                 ("page_size", ctypes.c_int), ("max_pages", ctypes.c_int), ("num_pages", ctypes.c_int64),
                 ("vis_words", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("out", ctypes.c_void_p),
-                ("lse", ctypes.c_void_p), ("status", ctypes.c_void_p)]
+                ("lse", ctypes.c_void_p), ("status", ctypes.c_void_p), ("p_precision", ctypes.c_int)]
 
 
 _lib = None
@@ -347,6 +347,9 @@ def key_token(keys):
 # ---- tree-verify MLA attention (kernels.h section 4) ----
 ATTN_DIM_QK = 576  # 512 latent (c_kv / absorbed q_nope) + 64 rope
 ATTN_DIM_V = 512
+# verify_attn's p_precision (kernels.h): "hilo" (the default bar) or "bf16" (opt-in: P as one bf16 in the sm_90a
+# kernel, one PV product, its own bar; the other kernels compute at the default precision).
+ATTN_P_PRECISIONS = {"hilo": 0, "bf16": 1}
 
 
 def bf16_from_f32(x) -> np.ndarray:
@@ -400,9 +403,12 @@ def _as_bf16(ref, x, name: str):
     return _aligned(np.ascontiguousarray(a), 16)
 
 
-def _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale, page_size, status):
+def _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale, page_size, status,
+                        p_precision="hilo"):
     """verify_attn's argument checks and conversions: (ref, params, out, lse, status, the converted arrays
     (kept alive while params points at them))."""
+    if p_precision not in ATTN_P_PRECISIONS:
+        raise ValueError(f"verify_attn: p_precision must be 'hilo' or 'bf16', got {p_precision!r}")
     if len(q.shape) != 3 or q.shape[2] != ATTN_DIM_QK:
         raise ValueError(f"verify_attn: q must be [total_nodes, heads, {ATTN_DIM_QK}], got {tuple(q.shape)}")
     total_nodes, heads = int(q.shape[0]), int(q.shape[1])
@@ -432,7 +438,7 @@ def _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis,
     st = status if status is not None else _status_word(ref)
     p = _VerifyAttn(_ptr(q), _ptr(kv), _ptr(page_table), _ptr(prefix_lens), _ptr(node_offsets), _ptr(vis), batch,
                     total_nodes, heads, page_size, max_pages, slots // page_size, int(vis.shape[1]),
-                    float(softmax_scale), _ptr(out), _ptr(lse), _ptr(st))
+                    float(softmax_scale), _ptr(out), _ptr(lse), _ptr(st), ATTN_P_PRECISIONS[p_precision])
     return ref, p, out, lse, st, (q, kv, page_table, prefix_lens, node_offsets, vis)
 
 
@@ -489,7 +495,8 @@ def _plan_from_params(ref, p, split_keys: int) -> VerifyAttnPlan:
 
 
 def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax_scale: float, page_size: int,
-                status=None, kernel: str = "oracle", split_keys: int = 512, plan: VerifyAttnPlan = None):
+                status=None, kernel: str = "oracle", split_keys: int = 512, plan: VerifyAttnPlan = None,
+                p_precision: str = "hilo"):
     """Tree-verify MLA attention over a paged latent KV cache (semantics: kernels.h section 4).
 
     q [total_nodes, H, 576] and kv_cache [num_pages, page_size, 576] (or [num_pages * page_size, 576]) are bf16:
@@ -505,7 +512,10 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     "sm90-plan" (ddt_verify_attn_sm90_planned_cuda with `plan`, a verify_attn_plan made once per step and reused
     for every layer, or, without one, a plan made right before the call; bitwise the "sm90" result); the flash
     kernels' workspace is allocated here with torch on the tensors' device; split_keys: their split length, 0 =
-    never split, else a multiple of 32: keep one value per deployment, see kernels.h)."""
+    never split, else a multiple of 32: keep one value per deployment, see kernels.h). p_precision: "hilo" (the
+    default: the correctness bar) or "bf16" (opt-in, FlashMLA's precision: the sm_90a kernels round P to one bf16
+    before PV, ~10% faster at T >= 8, out within the bar plus 2^-8 sum_j p_j |v_j| / l; the other kernels compute
+    at the default precision; kernels.h DDT_ATTN_P_BF16)."""
     if kernel not in ("oracle", "portable", "sm90", "sm90-plan"):
         raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable', 'sm90' or 'sm90-plan', got {kernel!r}")
     if kernel != "oracle" and not _is_cuda(q):
@@ -518,7 +528,7 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
         if plan.split_keys != int(split_keys):
             raise ValueError(f"verify_attn: the plan was made for split_keys {plan.split_keys}, not {split_keys}")
     ref, p, out, lse, st, keep = _verify_attn_inputs(q, kv_cache, page_table, prefix_lens, node_offsets, vis,
-                                                    softmax_scale, page_size, status)
+                                                    softmax_scale, page_size, status, p_precision)
     if kernel != "oracle":
         L = lib()
         need = ctypes.c_size_t(0)

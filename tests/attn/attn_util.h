@@ -89,6 +89,7 @@ struct Options {
   bool poison = true;
   float q_scale = 1.0f;    // > 1: peakier softmax
   float softmax_scale = 0.07216878f;  // 1 / sqrt(192)
+  int p_precision = DDT_ATTN_P_HILO;  // DDT_ATTN_P_BF16: compare with p_bf16_tol()
 };
 
 struct Problem {
@@ -109,7 +110,7 @@ struct Problem {
                                 const int32_t* off, const uint64_t* vis_, uint16_t* out, float* lse,
                                 uint32_t* status) const {
     return ddt_verify_attn_params{q_, kv_, pt, pre, off, vis_, batch, total_nodes, opt.heads, opt.page_size,
-                                  max_pages, num_pages, W, opt.softmax_scale, out, lse, status};
+                                  max_pages, num_pages, W, opt.softmax_scale, out, lse, status, opt.p_precision};
   }
   ddt_verify_attn_params host_params(uint16_t* out, float* lse, uint32_t* status) const {
     return params(q.data(), kv.data(), page_table.data(), prefix.data(), offsets.data(), vis.data(), out, lse, status);
@@ -218,9 +219,10 @@ inline void set_tree(Problem& p, int r, const std::vector<int>& parents) {
 
 // ---- the brute force ----
 struct Ref {
-  std::vector<double> out;  // [total_nodes, H, 512]
-  std::vector<double> lse;  // [total_nodes, H]
-  std::vector<char> bad;    // [total_nodes]: rows expected to be NaN
+  std::vector<double> out;   // [total_nodes, H, 512]
+  std::vector<double> lse;   // [total_nodes, H]
+  std::vector<char> bad;     // [total_nodes]: rows expected to be NaN
+  std::vector<double> mass;  // [total_nodes, H, 512]: sum_j p_j |v_jd| / l, the scale of P's rounding error
 };
 
 // mask(r, i, j): is key slot j visible to node i of request r. Default: prefix or ancestor-or-self by
@@ -233,6 +235,7 @@ Ref brute_force(const Problem& p, Mask mask, int row_begin = 0, int row_end = -1
   ref.out.assign(size_t(p.total_nodes) * H * kV, 0.0);
   ref.lse.assign(size_t(p.total_nodes) * H, -std::numeric_limits<double>::infinity());
   ref.bad.assign(p.total_nodes, 0);
+  ref.mass.assign(ref.out.size(), 0.0);
   for (int r = 0; r < p.batch; ++r) {
     const int n = p.offsets[r + 1] - p.offsets[r];
     if (n == 0 || p.offsets[r + 1] <= row_begin || p.offsets[r] >= row_end) continue;
@@ -264,6 +267,7 @@ Ref brute_force(const Problem& p, Mask mask, int row_begin = 0, int row_end = -1
           mx = std::max(mx, s[j]);
         }
         double* o = ref.out.data() + (size_t(row) * H + h) * kV;
+        double* ms = ref.mass.data() + (size_t(row) * H + h) * kV;
         if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: 0 / -inf
         double sum = 0;
         for (int64_t j = 0; j < keys; ++j) {
@@ -271,9 +275,15 @@ Ref brute_force(const Problem& p, Mask mask, int row_begin = 0, int row_end = -1
           const double e = std::exp(s[j] - mx);
           sum += e;
           const float* v = K.data() + size_t(j) * kQK;
-          for (int d = 0; d < kV; ++d) o[d] += e * v[d];
+          for (int d = 0; d < kV; ++d) {
+            o[d] += e * v[d];
+            ms[d] += e * std::abs(double(v[d]));
+          }
         }
-        for (int d = 0; d < kV; ++d) o[d] /= sum;
+        for (int d = 0; d < kV; ++d) {
+          o[d] /= sum;
+          ms[d] /= sum;
+        }
         ref.lse[size_t(row) * H + h] = mx + std::log(sum);
       }
     }
@@ -305,7 +315,18 @@ struct Tol {
   int max_ulps = -1;
   double ulp_abs_floor = 4e-6;
   double out_rel_tight = -1, lse_tight = -1;
+  // P rounded before the PV product (DDT_ATTN_P_BF16): each weight p_j carries a relative error up to p_round
+  // (bf16: 2^-8), so out_d may move by up to p_round x mass_d (mass_d = sum_j p_j |v_jd| / l, Ref::mass) on top of
+  // the bar: an element passes when |a - b| <= max(out_abs, out_rel |b|) + p_round x mass_d. 0: off (the bar).
+  double p_round = 0;
 };
+
+// The bar of the opt-in P precision DDT_ATTN_P_BF16 (kernels.h): P as one bf16 (unit roundoff 2^-8) before PV.
+inline Tol p_bf16_tol() {
+  Tol t;
+  t.p_round = 1.0 / 256;
+  return t;
+}
 
 // The tolerances for the f64 CPU twin against the brute force: half a bf16 ulp (2^-8 relative, plus
 // the f32 step) on out, f32 rounding on lse.
@@ -343,7 +364,8 @@ struct Report {
 // the ulp check.
 inline Report compare(const std::vector<uint16_t>& out, const std::vector<float>& lse, const std::vector<double>& eout,
                       const std::vector<double>& exp_lse, const std::vector<char>& bad_rows, int heads, const Tol& tol,
-                      const std::vector<uint16_t>* expect16 = nullptr, int row_begin = 0, int row_end = -1) {
+                      const std::vector<uint16_t>* expect16 = nullptr, int row_begin = 0, int row_end = -1,
+                      const std::vector<double>* mass = nullptr) {
   Report rep;
   const int rows = int(bad_rows.size());
   if (row_end < 0) row_end = rows;
@@ -390,7 +412,8 @@ inline Report compare(const std::vector<uint16_t>& out, const std::vector<float>
         const double rel = e / std::max(std::abs(b), 1e-30);
         if (e > rep.max_abs) rep.max_abs = e;
         if (rel > rep.max_rel && std::abs(b) > 1e-6) rep.max_rel = rel;
-        bool good = e <= tol.out_abs || e <= tol.out_rel * std::abs(b);
+        const double slack = tol.p_round > 0 && mass ? tol.p_round * (*mass)[i] : 0.0;
+        bool good = e <= std::max(tol.out_abs, tol.out_rel * std::abs(b)) + slack;
         if (tol.out_rel_tight >= 0) good = good && e <= tol.out_rel_tight * std::abs(b) + 1e-30;
         if (!good) {
           ++rep.bad_elems;
@@ -417,7 +440,7 @@ inline Report compare(const std::vector<uint16_t>& out, const std::vector<float>
 
 inline Report compare_to_ref(const std::vector<uint16_t>& out, const std::vector<float>& lse, const Ref& ref,
                              int heads, const Tol& tol) {
-  return compare(out, lse, ref.out, ref.lse, ref.bad, heads, tol);
+  return compare(out, lse, ref.out, ref.lse, ref.bad, heads, tol, nullptr, 0, -1, &ref.mass);
 }
 
 // A kernel result (bf16 / f32) as the expected values of another comparison (e.g. GPU vs CPU twin).
@@ -428,14 +451,16 @@ struct Result {
   int rc = DDT_OK;
 };
 
-inline Report compare_results(const Result& got, const Result& want, int heads, const Tol& tol) {
+// mass: Ref::mass of the problem, for a tolerance with p_round > 0 (without it such a tolerance is the bar alone).
+inline Report compare_results(const Result& got, const Result& want, int heads, const Tol& tol,
+                              const std::vector<double>* mass = nullptr) {
   std::vector<double> eo(want.out.size()), el(want.lse.size());
   const int rows = int(want.lse.size() / heads);
   std::vector<char> bad(rows, 0);
   for (size_t i = 0; i < eo.size(); ++i) eo[i] = bf16_f32(want.out[i]);
   for (size_t i = 0; i < el.size(); ++i) el[i] = want.lse[i];
   for (int r = 0; r < rows; ++r) bad[r] = std::isnan(want.lse[size_t(r) * heads]);
-  return compare(got.out, got.lse, eo, el, bad, heads, tol, &want.out);
+  return compare(got.out, got.lse, eo, el, bad, heads, tol, &want.out, 0, -1, mass);
 }
 
 inline Result run_cpu(const Problem& p, uint16_t out_poison = 0xFFFF, uint32_t status0 = 0) {

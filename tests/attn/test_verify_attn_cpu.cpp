@@ -139,6 +139,21 @@ TEST(VerifyAttnCpu, ChainEqualsCausal) {
   }
 }
 
+// p_precision DDT_ATTN_P_BF16 permits a kernel to round P to bf16; the twin (the reference) computes at the default
+// precision either way: bitwise the same result (kernels.h).
+TEST(VerifyAttnCpu, TwinComputesAtTheDefaultPrecisionForEitherPPrecision) {
+  Options o;
+  o.q_scale = 6.0f;  // (peaked rows: where a rounded P would show)
+  Problem p = make_problem(31, {{70, 33, Shape::kBushy}, {0, 5, Shape::kChain}}, o);
+  const Result hilo = run_cpu(p);
+  p.opt.p_precision = DDT_ATTN_P_BF16;
+  const Result bf16 = run_cpu(p);
+  ASSERT_EQ(hilo.rc, DDT_OK);
+  ASSERT_EQ(bf16.rc, DDT_OK);
+  EXPECT_EQ(hilo.out, bf16.out);
+  EXPECT_EQ(0, std::memcmp(hilo.lse.data(), bf16.lse.data(), hilo.lse.size() * 4));
+}
+
 // A row whose mask shows no key at all (P = 0, empty vis row): out 0, lse -inf. Padding rows likewise.
 TEST(VerifyAttnCpu, NoVisibleKeyAndPaddingRows) {
   Options o;
@@ -283,6 +298,8 @@ TEST(VerifyAttnCpu, ArgumentErrors) {
       {"scale inf", [](auto& x) { x.softmax_scale = std::numeric_limits<float>::infinity(); }, DDT_ERR_VALUE},
       {"scale 0", [](auto& x) { x.softmax_scale = 0.0f; }, DDT_ERR_VALUE},
       {"scale < 0", [](auto& x) { x.softmax_scale = -0.1f; }, DDT_ERR_VALUE},
+      {"p_precision 2", [](auto& x) { x.p_precision = 2; }, DDT_ERR_VALUE},
+      {"p_precision -1", [](auto& x) { x.p_precision = -1; }, DDT_ERR_VALUE},
   };
   for (const auto& b : bads) {
     auto prm = good;

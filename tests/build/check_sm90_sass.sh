@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compiles the sm_90a tree-verify attention kernel to a cubin, disassembles it (cuobjdump -sass) and fails when either
-# instantiation of verify_attn_sm90_kernel (unplanned <false>, planned <true>) has more than MAX_R2UR R2UR
+# Compiles the sm_90a tree-verify attention kernel to a cubin, disassembles it (cuobjdump -sass) and fails when any
+# instantiation of verify_attn_sm90_kernel (unplanned <false, *> / planned <true, *>, P as hi + lo <*, false> / as
+# one bf16 <*, true>: p_precision DDT_ATTN_P_BF16) has more than MAX_R2UR R2UR
 # instructions. An R2UR moves a value from an ordinary register into a uniform one; wgmma takes its shared-memory
 # descriptors from uniform registers, so when ptxas cannot prove a descriptor's inputs warp-uniform it builds the
 # descriptor per thread and moves it over with an R2UR pair before every wgmma (an HGMMA every ~8 instructions instead
@@ -33,13 +34,16 @@ trap 'rm -rf "$out"' EXIT
   exit 1
 }
 status=0
-for inst in 0 1; do
-  name=$([ $inst = 1 ] && echo planned || echo unplanned)
+for inst in 0 1 0b 1b; do
+  planned=${inst%b}
+  pbf16=$([ "$inst" = "$planned" ] && echo 0 || echo 1)
+  name=$([ $planned = 1 ] && echo planned || echo unplanned)$([ $pbf16 = 1 ] && echo ", bf16 P" || true)
   # The instantiation's listing: from its "Function :" header to the next one.
-  awk -v k="verify_attn_sm90_kernelILb$inst" '/Function : /{f = index($0, k) > 0} f' "$out/sm90.sass" >"$out/k$inst.sass"
+  awk -v k="verify_attn_sm90_kernelILb${planned}ELb${pbf16}E" '/Function : /{f = index($0, k) > 0} f' "$out/sm90.sass" \
+    >"$out/k$inst.sass"
   hgmma=$(grep -c "HGMMA" "$out/k$inst.sass" || true)
   r2ur=$(grep -cw "R2UR" "$out/k$inst.sass" || true)  # (also a suffixed R2UR.xx form)
-  if [ "$hgmma" -lt 100 ]; then  # (the kernel has 144 wgmmas; fewer means the listing was not found)
+  if [ "$hgmma" -lt 100 ]; then  # (the kernel has >= 144 wgmmas; fewer means the listing was not found)
     echo "FAIL: $name instantiation: $hgmma HGMMA instructions in the listing (expected >= 100)"
     status=1
     continue
@@ -50,5 +54,5 @@ for inst in 0 1; do
     status=1
   fi
 done
-[ $status = 0 ] && echo "ok: the wgmma descriptors of both instantiations stay in uniform registers"
+[ $status = 0 ] && echo "ok: the wgmma descriptors of every instantiation stay in uniform registers"
 exit $status

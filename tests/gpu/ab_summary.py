@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 ROW = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?|portable) \| ([\d.]+) \|")
+# the --p-bf16 rows (p_precision DDT_ATTN_P_BF16), the hi + lo rows beside them, with their fraction of the roofline
+ROW_BF16 = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?)-bf16 \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|")
+HILO = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|")
 
 
 def table(path):
@@ -66,6 +69,26 @@ def main(out):
             for k, v in second.items():
                 if "base" in v and lib in v:
                     print(f"  P {k[0]} T {k[1]} b {k[2]}: {v['base']} / {v[lib]} ({v[lib] / v['base']:.3f})")
+    for lib in others:  # P as one bf16 against hi + lo, the same library and run (bench --p-bf16)
+        f = out / f"sm90_{lib}.txt"
+        if not f.exists():
+            continue
+        lines = f.read_text().splitlines()
+        hilo = {m.groups()[:4]: (float(m.group(5)), float(m.group(6))) for m in map(HILO.match, lines) if m}
+        bf16 = {m.groups()[:4]: (float(m.group(5)), float(m.group(6))) for m in map(ROW_BF16.match, lines) if m}
+        common = sorted(set(hilo) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
+        if not common:
+            continue
+        print(f"== {lib}: p_precision bf16 against hi + lo (us hi+lo -> bf16, ratio; fraction of roofline)")
+        for k in common:
+            (h, fh), (b, fb) = hilo[k], bf16[k]
+            print(f"  {k[3]} P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
+        for kernel in ("sm90-plan", "sm90"):
+            for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
+                r1 = [bf16[k][0] / hilo[k][0] for k in common if k[3] == kernel and pick(k) and k[1] == "1"]
+                r8 = [bf16[k][0] / hilo[k][0] for k in common if k[3] == kernel and pick(k) and int(k[1]) >= 8]
+                print(f"geomean bf16 / hi+lo time, {kernel}, {name}: T 1 {geomean(r1):.4f} ({len(r1)}), "
+                      f"T >= 8 {geomean(r8):.4f} ({len(r8)})")
     pbase = table(out / "portable_base.txt")[0] if (out / "portable_base.txt").exists() else {}
     for lib in ["base"] + others:
         f = out / f"portable_{lib}.txt"

@@ -72,7 +72,14 @@ struct Kernel {
   const char* name;
   KernelFn fn;
   Tol vs_twin;
+  bool p_bf16 = false;  // p_precision DDT_ATTN_P_BF16: every comparison by p_bf16_tol (with the problem's Ref::mass)
 };
+// The rounding scale of P (Ref::mass) that k's comparisons need: p's brute force for a kernel that rounds P, else
+// empty (p: a problem with valid page indices; rows a data error poisons are compared as NaN, not by value).
+std::vector<double> mass_for(const Kernel& k, const Problem& p) {
+  return k.p_bf16 ? brute_force(p).mass : std::vector<double>{};
+}
+const std::vector<double>* or_null(const std::vector<double>& mass) { return mass.empty() ? nullptr : &mass; }
 const Kernel kOracle{"oracle", ddt_verify_attn_cuda, oracle_tol()};
 // The portable kernel at two split lengths: 512 (the benchmarks' value) and 64 (many splits per request).
 template <int kSplitKeys>
@@ -92,8 +99,21 @@ template <int kSplitKeys>
 int sm90_planned(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_sm90_planned_with_workspace(p, kSplitKeys, stream);
 }
+// The sm_90a kernel with p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h), unplanned and planned.
+template <int kSplitKeys>
+int sm90_pbf16(const ddt_verify_attn_params* p, void* stream) {
+  ddt_verify_attn_params q = *p;
+  q.p_precision = DDT_ATTN_P_BF16;
+  return ddtree::test::verify_attn_sm90_with_workspace(&q, kSplitKeys, stream);
+}
+template <int kSplitKeys>
+int sm90_planned_pbf16(const ddt_verify_attn_params* p, void* stream) {
+  ddt_verify_attn_params q = *p;
+  q.p_precision = DDT_ATTN_P_BF16;
+  return ddtree::test::verify_attn_sm90_planned_with_workspace(&q, kSplitKeys, stream);
+}
 // Every kernel the GPU runs; the sm_90a ones are left out, with a printed note, off compute capability 9.0
-// (and Sm90KernelOnThisGpu reports that as a skip).
+// (and Sm90KernelOnThisGpu reports that as a skip). The bf16-P ones are compared by their own bar (p_bf16_tol).
 const std::vector<Kernel>& kernels_under_test() {
   static const std::vector<Kernel> ks = [] {
     std::vector<Kernel> v = {kOracle, kPortable, kPortable64};
@@ -105,6 +125,9 @@ const std::vector<Kernel>& kernels_under_test() {
       v.push_back({"sm90-plan", sm90_planned<512>, Tol{}});
       v.push_back({"sm90-p96", sm90_planned<96>, Tol{}});
       v.push_back({"sm90-p0", sm90_planned<0>, Tol{}});
+      v.push_back({"sm90-bf16", sm90_pbf16<512>, p_bf16_tol(), true});
+      v.push_back({"sm90-bf16-s0", sm90_pbf16<0>, p_bf16_tol(), true});
+      v.push_back({"sm90-bf16-p96", sm90_planned_pbf16<96>, p_bf16_tol(), true});
     } else {
       std::printf("  (not compute capability 9.0: the sm_90a kernel is not in the kernel lists)\n");
     }
@@ -194,10 +217,10 @@ TEST_P(VerifyAttnGpu, KernelsMatchCpuTwinAndBruteForce) {
     SCOPED_TRACE(k.name);
     const Result gpu = run_gpu(p, k.fn);
     EXPECT_EQ(gpu.status, cpu.status);
-    const Report vs_twin = compare_results(gpu, cpu, c.heads, k.vs_twin);
+    const Report vs_twin = compare_results(gpu, cpu, c.heads, k.vs_twin, k.p_bf16 ? &brute.mass : nullptr);
     std::printf("  %-26s %-8s vs twin:  %s\n", c.name, k.name, vs_twin.str().c_str());
     EXPECT_TRUE(vs_twin.ok) << vs_twin.str();
-    const Report vs_brute = compare_to_ref(gpu.out, gpu.lse, brute, c.heads, Tol{});
+    const Report vs_brute = compare_to_ref(gpu.out, gpu.lse, brute, c.heads, k.p_bf16 ? p_bf16_tol() : Tol{});
     std::printf("  %-26s %-8s vs brute: %s\n", c.name, k.name, vs_brute.str().c_str());
     EXPECT_TRUE(vs_brute.ok) << vs_brute.str();
   }
@@ -223,7 +246,8 @@ TEST(VerifyAttnGpu, LargePrefixAgainstBruteForceOnSampledRows) {
       for (size_t i = 0; i < refs.size(); ++i) {
         const int row = rows[i];
         const Ref& ref = refs[i];
-        const Report rep = compare(gpu.out, gpu.lse, ref.out, ref.lse, ref.bad, l.H, Tol{}, nullptr, row, row + 1);
+        const Report rep = compare(gpu.out, gpu.lse, ref.out, ref.lse, ref.bad, l.H, k.p_bf16 ? p_bf16_tol() : Tol{},
+                                   nullptr, row, row + 1, &ref.mass);
         std::printf("  %-8s P=%d N=%d H=%d page=%d row %d: %s\n", k.name, l.P, l.N, l.H, l.page, row, rep.str().c_str());
         EXPECT_TRUE(rep.ok) << k.name << " P=" << l.P << " row " << row << ": " << rep.str();
       }
@@ -246,7 +270,8 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
       {"offsets decreasing", [](Problem& p) { p.offsets[2] = 4; }},
       {"offsets end > total_nodes", [](Problem& p) { p.offsets[3] = p.total_nodes + 1; }},
   };
-  for (const Kernel& k : kernels_under_test())
+  for (const Kernel& k : kernels_under_test()) {
+    const std::vector<double> mass = mass_for(k, base);
     for (const auto& [what, apply] : muts) {
       SCOPED_TRACE(std::string(k.name) + ": " + what);
       Problem p = base;
@@ -254,7 +279,7 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
       const Result gpu = run_gpu(p, k.fn), cpu = run_cpu(p);
       EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
       EXPECT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
-      const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin);
+      const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin, or_null(mass));
       EXPECT_TRUE(rep.ok) << rep.str();
       int nan_rows = 0;
       for (int row = 0; row < p.total_nodes; ++row) nan_rows += std::isnan(gpu.lse[size_t(row) * o.heads]);
@@ -262,6 +287,7 @@ TEST(VerifyAttnGpu, BadIndicesPoisonOnlyTheirRequest) {
                   p.total_nodes, rep.str().c_str());
       EXPECT_GT(nan_rows, 0);
     }
+  }
 }
 
 // NaN scores (a NaN q row, a NaN dim of q, a NaN in a visible key; attn_util.h): every kernel gives the rows
@@ -276,7 +302,7 @@ TEST(VerifyAttnGpu, NanScoresMakeTheirRowsNaN) {
       SCOPED_TRACE(std::string(k.name) + ", page " + std::to_string(page));
       const Result gpu = run_gpu(c.p, k.fn);
       EXPECT_EQ(gpu.status, 0u);
-      const Report rep = compare_results(gpu, cpu, c.p.opt.heads, k.vs_twin);
+      const Report rep = compare_results(gpu, cpu, c.p.opt.heads, k.vs_twin, or_null(mass_for(k, c.p)));
       std::printf("  NaN scores, page %-2d %-8s vs twin: %s\n", page, k.name, rep.str().c_str());
       EXPECT_TRUE(rep.ok) << rep.str();
       for (int node : c.nan_nodes)
@@ -311,7 +337,8 @@ TEST(VerifyAttnGpu, TreeWiderThanVisWordsPoisonsAllItsRows) {
     SCOPED_TRACE(k.name);
     const Result gpu = run_gpu(p, k.fn);
     EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
-    const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin);
+    const std::vector<double> mass = mass_for(k, base);
+    const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin, or_null(mass));
     std::printf("  %-8s tree wider than 64 W: %s\n", k.name, rep.str().c_str());
     EXPECT_TRUE(rep.ok) << rep.str();
     for (int row = p.offsets[1]; row < p.offsets[2]; ++row)
@@ -332,7 +359,8 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
                             {"portable s64", portable<64>}, {"portable s512", portable<512>},
                             {"portable s1024", portable<1024>}};
   if (ddtree::test::gpu_is_sm90())
-    for (K k : {K{"sm90 s0", sm90<0>}, K{"sm90 s64", sm90<64>}, K{"sm90 s512", sm90<512>}, K{"sm90 s1024", sm90<1024>}})
+    for (K k : {K{"sm90 s0", sm90<0>}, K{"sm90 s64", sm90<64>}, K{"sm90 s512", sm90<512>}, K{"sm90 s1024", sm90<1024>},
+                K{"sm90-bf16 s0", sm90_pbf16<0>}, K{"sm90-bf16 s512", sm90_pbf16<512>}})
       kernels.push_back(k);
   for (int page : {1, 64}) {
     Options o;
@@ -452,7 +480,7 @@ std::vector<NarrowSetup> narrow_setups() {
 // narrow path ran (its probe bit), gives every row the wide path's bits and meets the bar; the NaN-score setup has
 // its 17 NaN rows.
 void expect_narrow_equals_wide(const NarrowSetup& su, const Result& narrow, const Result& wide, const Result& cpu,
-                               const char* kernel) {
+                               const char* kernel, const Tol& tol = Tol{}, const std::vector<double>* mass = nullptr) {
   EXPECT_EQ(narrow.status, cpu.status | DDT_DATA_PROBE_NARROW) << su.name << ": the narrow path did not run";
   EXPECT_EQ(wide.status, cpu.status) << su.name;
   const int rows_differ = rows_differing(narrow, wide);
@@ -460,7 +488,7 @@ void expect_narrow_equals_wide(const NarrowSetup& su, const Result& narrow, cons
   for (float l : wide.lse) nan_rows += std::isnan(l);
   Result narrow_status_masked = narrow;
   narrow_status_masked.status &= ~DDT_DATA_PROBE_NARROW;
-  const Report rep = compare_results(narrow_status_masked, cpu, su.p.opt.heads, Tol{});
+  const Report rep = compare_results(narrow_status_masked, cpu, su.p.opt.heads, tol, mass);
   std::printf("  %s narrow vs wide %-15s: %d of %zu rows differ (%d NaN rows); narrow vs twin: %s\n", kernel, su.name,
               rows_differ, wide.lse.size(), nan_rows, rep.str().c_str());
   EXPECT_EQ(rows_differ, 0) << su.name;
@@ -484,7 +512,9 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
   for (const Setup& su : setups) {
     const Problem& p = su.p;
     const Result cpu = run_cpu(p);
-    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>}) {
+    const std::vector<double> mass = brute_force(p).mass;  // (the bf16-P runs' bar)
+    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>, sm90_pbf16<0>, sm90_pbf16<96>, sm90_pbf16<512>}) {
+      const bool p_bf16 = fn == sm90_pbf16<0> || fn == sm90_pbf16<96> || fn == sm90_pbf16<512>;
       setenv("DDTREE_SM90_NARROW", "probe", 1);
       const Result narrow = run_gpu(p, fn);
       setenv("DDTREE_SM90_NARROW", "0", 1);
@@ -504,7 +534,8 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
       EXPECT_EQ(rows_differing(wide, wide_cp), 0) << su.name << ": wide path, Q by TMA vs cp.async";
       EXPECT_EQ(narrow_cp.status, narrow.status) << su.name;
       EXPECT_EQ(wide_cp.status, wide.status) << su.name;
-      expect_narrow_equals_wide(su, narrow, wide, cpu, "sm90");
+      expect_narrow_equals_wide(su, narrow, wide, cpu, p_bf16 ? "sm90-bf16" : "sm90", p_bf16 ? p_bf16_tol() : Tol{},
+                                p_bf16 ? &mass : nullptr);
     }
   }
   if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
@@ -592,6 +623,7 @@ TEST(VerifyAttnGpu, BatchInvariance) {
 struct ReplaySet {
   std::vector<Problem> problems;  // [0] = the captured one
   std::vector<Result> cpu;        // cpu[i]: twin of problems[i + 1]
+  std::vector<std::vector<double>> mass;  // mass[i]: Ref::mass of problems[i + 1] (for the bf16-P kernels; sm_90 only)
 };
 constexpr int kReplays = 5, kReplayBatch = 4, kReplayRows = 300, kReplayWords = 3, kReplayPage = 16;
 constexpr int kReplayEntries = 2100 / kReplayPage + 2, kReplayPages = 4 * kReplayEntries + 3;
@@ -625,6 +657,7 @@ const ReplaySet& replay_set() {
     for (int rep = 0; rep < kReplays; ++rep) {
       s.problems.push_back(make(2000 + rep));
       s.cpu.push_back(run_cpu(s.problems.back()));
+      if (ddtree::test::gpu_is_sm90()) s.mass.push_back(brute_force(s.problems.back()).mass);
     }
     return s;
   }();
@@ -663,7 +696,7 @@ void graph_replay(const Kernel& k) {
     const Result gpu = d.result();
     const Result& cpu = set.cpu[size_t(rep)];
     EXPECT_EQ(gpu.status, 0u);
-    const Report rep_ = compare_results(gpu, cpu, 8, k.vs_twin);
+    const Report rep_ = compare_results(gpu, cpu, 8, k.vs_twin, k.p_bf16 ? &set.mass[size_t(rep)] : nullptr);
     std::printf("  %-8s graph replay %d (rows %d of %d): %s\n", k.name, rep, p.offsets[kReplayBatch], kReplayRows, rep_.str().c_str());
     EXPECT_TRUE(rep_.ok) << "replay " << rep << ": " << rep_.str();
   }
@@ -693,7 +726,7 @@ TEST(VerifyAttnGpu, BadPageInOneSplitPoisonsTheWholeRequest) {
       SCOPED_TRACE(std::string(k.name) + " page entry " + std::to_string(entry));
       const Result gpu = run_gpu(p, k.fn);
       EXPECT_EQ(gpu.status, DDT_DATA_BAD_INDEX);
-      const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin);
+      const Report rep = compare_results(gpu, cpu, o.heads, k.vs_twin, or_null(mass_for(k, base)));
       std::printf("  %-8s bad page entry %d of a split request: %s\n", k.name, entry, rep.str().c_str());
       EXPECT_TRUE(rep.ok) << rep.str();
       for (int row = 0; row < 3; ++row)
@@ -1079,6 +1112,59 @@ TEST(VerifyAttnGpu, Sm90KernelOnThisGpu) {
   GPU_CHECK(cudaDeviceSynchronize());
 }
 
+// p_precision DDT_ATTN_P_BF16 (kernels.h): the sm_90a kernel rounds P to one bf16 and runs one PV product. Shown on
+// peaked problems (unsplit and split, TMA and cp.async pages, H 8 / 24, a 513-node tree, a batch with decode rows:
+// the narrow path) at split 512 and 0, planned and not: the result differs from the default's (the mode took
+// effect), meets its own bar (p_bf16_tol) against the brute force and, where the emulation predicts it
+// (bench/dev/attn_p_precision.cpp: the peaked cases), misses the default bar (so the bar's extra term is what
+// admits it); lse is bitwise the default's (the row sums add the unrounded f32 weights in both modes). The oracle
+// and the portable kernel compute at the default precision for either value: bitwise their default results.
+TEST(VerifyAttnGpu, PBf16RoundsPInTheSm90KernelAndMeetsItsBar) {
+  struct C { const char* name; uint64_t seed; std::vector<ReqSpec> reqs; int heads, page; float q_scale; bool misses_bar; };
+  const std::vector<C> cases = {
+      {"T128_P1_peaky", 10, {{1, 128, Shape::kRandom}}, 8, 64, 6.0f, true},
+      {"T130_P31_H24_peaky_page32", 24, {{31, 130, Shape::kBushy}}, 24, 32, 6.0f, true},
+      {"T513_max_tree_q3", 13, {{40, 513, Shape::kRandom}}, 8, 64, 3.0f, true},
+      {"mixed_decode_P1500_q4", 33, {{1500, 1, Shape::kChain}, {700, 9, Shape::kBushy}, {2000, 2, Shape::kChain}, {300, 64, Shape::kDeep}},
+       8, 64, 4.0f, false},
+  };
+  for (const C& c : cases) {
+    Options o;
+    o.heads = c.heads;
+    o.page_size = c.page;
+    o.q_scale = c.q_scale;
+    const Problem p = make_problem(c.seed, c.reqs, o);
+    const Ref brute = brute_force(p);
+    for (auto [name, fn] : {std::pair<const char*, KernelFn>{"oracle", ddt_verify_attn_cuda}, {"portable", portable<512>}}) {
+      Problem pb = p;
+      pb.opt.p_precision = DDT_ATTN_P_BF16;
+      EXPECT_EQ(rows_differing(run_gpu(p, fn), run_gpu(pb, fn)), 0) << c.name << " " << name << ": p_precision changed bits";
+    }
+    if (!ddtree::test::gpu_is_sm90()) continue;
+    struct Pair { const char* name; KernelFn hilo, bf16; };
+    for (const Pair& k : {Pair{"sm90 s512", sm90<512>, sm90_pbf16<512>}, Pair{"sm90 s0", sm90<0>, sm90_pbf16<0>},
+                          Pair{"sm90-plan s96", sm90_planned<96>, sm90_planned_pbf16<96>}}) {
+      SCOPED_TRACE(std::string(c.name) + ", " + k.name);
+      const Result hilo = run_gpu(p, k.hilo), bf16 = run_gpu(p, k.bf16);
+      EXPECT_EQ(bf16.status, 0u);
+      const int differ = rows_differing(hilo, bf16);
+      const Report own = compare_to_ref(bf16.out, bf16.lse, brute, c.heads, p_bf16_tol());
+      const Report dflt = compare_to_ref(bf16.out, bf16.lse, brute, c.heads, Tol{});
+      const Report hilo_bar = compare_to_ref(hilo.out, hilo.lse, brute, c.heads, Tol{});
+      std::printf("  %-26s %-13s bf16 P: %d of %zu rows differ from hi + lo; own bar: %s; elements outside the "
+                  "default bar: %lld (hi + lo: %lld)\n", c.name, k.name, differ, hilo.lse.size(), own.str().c_str(),
+                  (long long)dflt.bad_elems, (long long)hilo_bar.bad_elems);
+      EXPECT_GT(differ, 0) << "p_precision DDT_ATTN_P_BF16 had no effect";
+      EXPECT_TRUE(own.ok) << own.str();
+      EXPECT_TRUE(hilo_bar.ok) << hilo_bar.str();
+      if (c.misses_bar) {
+        EXPECT_GT(dflt.bad_elems, 0) << "expected to miss the default bar (emulation)";
+      }
+      EXPECT_EQ(0, std::memcmp(hilo.lse.data(), bf16.lse.data(), hilo.lse.size() * 4)) << "lse changed";
+    }
+  }
+}
+
 TEST(VerifyAttnGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {
   const Problem p = make_problem(5, {{3, 2, Shape::kChain}});
   DevProblem d(p);
@@ -1097,6 +1183,11 @@ TEST(VerifyAttnGpu, HostVisibleErrorsReturnCodesWithoutLaunching) {
     bad = good;
     bad.status = nullptr;
     EXPECT_EQ(k.fn(&bad, nullptr), DDT_ERR_NULL);
+    if (!k.p_bf16) {  // (the bf16-P wrappers set the field themselves)
+      bad = good;
+      bad.p_precision = 2;
+      EXPECT_EQ(k.fn(&bad, nullptr), DDT_ERR_VALUE);
+    }
     bad = good;
     bad.total_nodes = 0;
     EXPECT_EQ(k.fn(&bad, nullptr), DDT_OK);  // nothing to do, nothing launched

@@ -236,7 +236,8 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  *     page and zeroes the slots past P_r + N_r in shared memory before any use.
  * Host-visible checks (return codes, nothing launched): null pointers (DDT_ERR_NULL), alignment
  * (DDT_ERR_ALIGN: q, kv_cache, out 16 bytes; vis 8; the rest 4), batch / total_nodes / heads / page_size /
- * max_pages / num_pages / vis_words ranges (DDT_ERR_SHAPE), softmax_scale finite and > 0 (DDT_ERR_VALUE).
+ * max_pages / num_pages / vis_words ranges (DDT_ERR_SHAPE), softmax_scale finite and > 0 and p_precision one of
+ * the DDT_ATTN_P_ values (DDT_ERR_VALUE).
  * Numerics: _cpu accumulates in f64 (the reference; slow: for tests up to P ~ 2k); the CUDA oracle in f32 with an
  * online softmax; outputs round to bf16 (nearest even). They agree to the correctness bar of
  * reference/mla-verify-attention.md (in practice within 1 bf16 ulp), not bitwise. A row's result does not depend on the
@@ -247,6 +248,18 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
 #define DDT_ATTN_DIM_V 512   /* output row: the latent part */
 #define DDT_ATTN_MAX_HEADS 256
 #define DDT_ATTN_MAX_ROWS (1 << 24) /* total_nodes */
+/* p_precision: how precisely the softmax weights p_j enter the PV product (a per-call choice; a deployment uses one).
+ * DDT_ATTN_P_HILO (0, the default): the correctness bar of reference/mla-verify-attention.md for every kernel (the
+ *   flash kernels feed P to the tensor cores as a bf16 pair hi + lo, two PV products).
+ * DDT_ATTN_P_BF16 (1, opt-in: FlashMLA's precision): the sm_90a kernel rounds each p_j to one bf16 (relative error
+ *   <= 2^-8) and runs one PV product, ~10% faster at T >= 8 (docs/BENCHMARKS.md). Its bar: out[row, h, d] within the
+ *   bar plus 2^-8 x sum_j p_j |v_jd| / sum_j p_j of the exact value (the weights' rounding, summed over the keys
+ *   at its worst; peaked rows whose output cancels are where it exceeds the bar); lse as in the default (row sums of
+ *   the unrounded f32 weights). Batch invariance and chain node == single-node decode (FIDELITY rule E) hold within
+ *   the mode; results differ between modes. The CPU twin, the oracle and the portable kernel accept it and compute
+ *   at the default precision (at least as precise). Other values: DDT_ERR_VALUE. */
+#define DDT_ATTN_P_HILO 0
+#define DDT_ATTN_P_BF16 1
 
 typedef struct ddt_verify_attn_params {
   const uint16_t* q;            /* [total_nodes, heads, 576] bf16: absorbed q_nope (512) then roped q_pe (64) */
@@ -266,6 +279,7 @@ typedef struct ddt_verify_attn_params {
   uint16_t* out;                /* [total_nodes, heads, 512] bf16 */
   float* lse;                   /* [total_nodes, heads] f32 natural-log sum of exp(scaled scores) */
   uint32_t* status;             /* [1] data status word */
+  int p_precision;              /* DDT_ATTN_P_HILO (0: a zero-initialised field) or DDT_ATTN_P_BF16, below */
 } ddt_verify_attn_params;
 
 int ddt_verify_attn_cpu(const ddt_verify_attn_params* p);
