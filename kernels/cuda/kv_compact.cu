@@ -4,11 +4,12 @@
 // CTAs). Thread 0 checks the request and lists its moves (kernels/common/kv_compact.h, the CPU twin's function) into
 // shared memory; then the rows move in rounds of 128 x 8 chunks (16 bytes, or 4 where row_bytes, layer_stride or kv
 // are not 16-byte multiples), chunks numbered layer-major, then move-major (move m, chunk w of its row): each thread
-// loads its chunks of the round, the CTA syncs, then stores them. That equals the one-by-one copies in increasing k:
-// the only overlaps are a source slot P + path[j] that a later move k (path[j] = k, j < k) writes, and a read of move
-// j is numbered below the write of move k at the same chunk, so it happens in an earlier round or before the same
-// round's barrier; no move reads a slot an earlier move wrote.
-// Remap (page_size 1): one warp per request; its lane 0 swaps the page-table entries in increasing k.
+// loads its chunks of the round, the CTA syncs, then stores them. That equals the one-by-one copies in increasing k: the only overlaps are a source slot
+// P + path[j] that a later move k (path[j] = k, j < k) writes, and a read of move j is numbered below the write of
+// move k at the same chunk, so it happens in an earlier round or before the same round's barrier; no move reads a
+// slot an earlier move wrote.
+// Remap (page_size 1): one warp per request; its lanes warm L1, then lane 0 swaps the page-table entries in increasing
+// k.
 // Both start with pdl_wait (the path comes from the accept kernel, the launch before on the stream).
 #include <cuda_runtime.h>
 
@@ -27,6 +28,27 @@ namespace {
 
 constexpr int kCompactThreads = 128;
 constexpr int kChunksPerThread = 8;  // chunks in flight per thread per round
+
+// Warms L1 with request r's path entries and the page-table entries of its moves' slots (one warp, lane = 0 .. 31:
+// one lane per path entry; its loads of the path entry, then of the two table entries, are cached in L1, ld.ca), so
+// that lane 0's check and swaps that follow (kv_compact_moves: ~3 dependent loads per path entry) read L1 hits
+// instead of a chain of L2 latencies. The remap kernel only: it saves it 1.5-2% (0.1 us of 4-7.5 us); the copy kernel
+// measured the same with and without it (docs/PERF_NOTES.md K6). Values out of range are skipped (the check itself
+// decides); returns a value only to keep the loads (callers pass it to an empty asm).
+__device__ __forceinline__ uint32_t kv_compact_warm(const ddt_kv_compact_params& p, int r, int lane) {
+  const int len = min(__ldca(p.path_len + r), p.max_path);
+  const int32_t P = __ldca(p.prefix_lens + r);
+  const int64_t row0 = int64_t(r) * p.max_pages, slots = int64_t(p.max_pages) * p.page_size;
+  const uint32_t ps = uint32_t(p.page_size);
+  uint32_t sink = 0;
+  for (int k = lane; k < len; k += 32) {
+    const int32_t node = __ldca(p.path + int64_t(r) * p.max_path + k);
+    const uint32_t s = uint32_t(P) + uint32_t(node), d = uint32_t(P) + uint32_t(k);  // (as kv_compact_moves)
+    if (P >= 0 && node >= 0 && s < slots && d < slots)
+      sink += uint32_t(__ldca(p.page_table + row0 + s / ps)) + uint32_t(__ldca(p.page_table + row0 + d / ps));
+  }
+  return sink;
+}
 
 // V: the chunk, uint4 (16 bytes) or uint32_t. stagger_ns: a test hook (DDTREE_KV_COMPACT_STAGGER, read per call):
 // odd warps sleep that long before each round's loads, so a missing barrier between a round's loads and stores
@@ -75,12 +97,14 @@ __global__ void __launch_bounds__(kCompactThreads) kv_compact_kernel(ddt_kv_comp
   }
 }
 
-// Remap: one warp per request (lane 0 checks and swaps).
+// Remap: one warp per request (the lanes warm L1, lane 0 checks and swaps).
 __global__ void __launch_bounds__(kCompactThreads) kv_remap_kernel(ddt_kv_compact_params p) {
   pdl_wait();
   pdl_launch_dependents();
   const int r = blockIdx.x * (kCompactThreads / 32) + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   if (r >= p.batch) return;  // (whole warps)
+  const uint32_t sink = kv_compact_warm(p, r, lane);
+  asm volatile("" ::"r"(sink));  // (keeps the warming loads; no effect)
   if (lane != 0) return;
   KvMove moves[kMaxKvMoves];
   const int n = kv_compact_moves(&p, r, moves);
