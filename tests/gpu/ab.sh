@@ -11,7 +11,8 @@
 # candidate changes share one device call. The tarball is written on exit, also when the run is killed. Prints the tests' summary, every planned shape that
 # moved by more than 2%, the second samples and the geomeans of each library against the base
 # (tests/gpu/ab_summary.py); NEW_BENCH_ARGS (e.g. --p-bf16: rows only the new library has) go to every sm90 bench
-# of the libraries other than the base. Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
+# of the libraries other than the base (the variants too: a variant library that predates a mode times its default
+# under that mode's row name), BASE_BENCH_ARGS to the base's. Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
 # 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,13 +50,13 @@ done
 # (SKIP_SM90=1: a change to the portable kernel alone; its quick table below is then the measurement)
 if [ "${SKIP_SM90:-0}" != 1 ]; then
   for lib in $libs; do
-    extra=$([ $lib = base ] || echo "${NEW_BENCH_ARGS:-}")
+    extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
     LD_LIBRARY_PATH=$(libdir $lib) timeout 180 "$c/bench_verify_attn" --sm90-only --plan $extra > "$out/sm90_$lib.txt" 2>&1
     echo "sm90 table, $lib: exit $? at $(elapsed)"
   done
   for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
     for lib in $libs; do
-      extra=$([ $lib = base ] || echo "${NEW_BENCH_ARGS:-}")
+      extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
       LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan $extra --shape "$shape" 2>&1 |
         grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
     done

@@ -20,6 +20,7 @@ def table(path):
         if m:
             p, t, b, kernel, us = m.groups()
             rows[(int(p), int(t), int(b), kernel)] = float(us)
+        if m or ROW_BF16.match(line):  # (a bf16 row's check counts too)
             unchecked += "| yes" not in line
     return rows, unchecked
 
@@ -79,6 +80,22 @@ def main(out):
         common = sorted(set(hilo) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
         if not common:
             continue
+        bf16_base = {}
+        if (out / "sm90_base.txt").exists():
+            bf16_base = {m.groups()[:4]: (float(m.group(5)), float(m.group(6)))
+                         for m in map(ROW_BF16.match, (out / "sm90_base.txt").read_text().splitlines()) if m}
+        both = sorted(set(bf16_base) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
+        if both:  # the bf16 rows of both libraries (BASE_BENCH_ARGS=--p-bf16)
+            print(f"== {lib} against base, p_precision bf16 rows (us base -> {lib}, ratio; fraction of roofline)")
+            for k in both:
+                (h, fh), (b, fb) = bf16_base[k], bf16[k]
+                print(f"  {k[3]}-bf16 P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
+            for kernel in ("sm90-plan", "sm90"):
+                for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
+                    r1 = [bf16[k][0] / bf16_base[k][0] for k in both if k[3] == kernel and pick(k) and k[1] == "1"]
+                    r8 = [bf16[k][0] / bf16_base[k][0] for k in both if k[3] == kernel and pick(k) and int(k[1]) >= 8]
+                    print(f"geomean {lib} / base time, {kernel}-bf16, {name}: T 1 {geomean(r1):.4f} ({len(r1)}), "
+                          f"T >= 8 {geomean(r8):.4f} ({len(r8)})")
         print(f"== {lib}: p_precision bf16 against hi + lo (us hi+lo -> bf16, ratio; fraction of roofline)")
         for k in common:
             (h, fh), (b, fb) = hilo[k], bf16[k]
