@@ -5,7 +5,7 @@
 // shuffled pages, bushy trees).
 // build (from the repo root; add -DATTN_PROFILE_SM90 for the sm_90a kernel): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \
 //   kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o attn_profile
-// usage: attn_profile
+// usage: [ATTN_PROFILE_P=bf16] attn_profile
 // The sm_90a build also prints a timeline row per shape: the API call against the main kernel alone and the
 // combine alone (L2 flushed, median of 9); then the stamped timelines of one unplanned and one planned call,
 // each the call of median event time among 5 stamped calls.
@@ -32,6 +32,10 @@ __global__ void timeline_empty_kernel() {}
 int main() {
   using namespace ddtree::kern::attn;
   constexpr int H = 8, kPage = 64;
+  // ATTN_PROFILE_P=bf16: the calls at p_precision DDT_ATTN_P_BF16 (P as one bf16, one PV product)
+  const char* p_env = std::getenv("ATTN_PROFILE_P");
+  const int p_precision = p_env && std::string(p_env) == "bf16" ? DDT_ATTN_P_BF16 : DDT_ATTN_P_HILO;
+  std::printf("# p_precision %s\n", p_precision == DDT_ATTN_P_BF16 ? "bf16" : "hilo (default)");
   struct Shape { int P, T, batch; };
   std::printf("| P | T | batch | kernel us | items | tiles | prologue/item | wait | bar A | load issue | QK | bar B | "
               "softmax | bar C | PV | mask+max | sum/tile | epilogue/item |\n|");
@@ -74,7 +78,7 @@ int main() {
     cudaMalloc(&dst, 4);
     cudaMemset(dst, 0, 4);
     ddt_verify_attn_params prm{dq, dkv, dpt, dpre, doff, dvis, sh.batch, total, H, kPage, max_pages, num_pages, W,
-                               0.1352337f, dout, dlse, dst, DDT_ATTN_P_HILO};
+                               0.1352337f, dout, dlse, dst, p_precision};
     size_t ws_bytes = 0;
     const int split_keys = 512;
     ddt_verify_attn_portable_workspace(&prm, split_keys, &ws_bytes);
@@ -140,8 +144,10 @@ int main() {
       };
       const float t_api = time_us([&] { ATTN_ENTRY(&prm, split_keys, ws, ws_bytes, nullptr); });
       const float t_main = time_us([&] {
-        verify_attn_sm90_kernel<false><<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1,
-                                                                           qmap_wide, qmap_narrow, qtma, kv_evict_first_pays(b), nullptr, 0);
+        auto* kernel = p_precision == DDT_ATTN_P_BF16 ? verify_attn_sm90_kernel<false, true>
+                                                      : verify_attn_sm90_kernel<false, false>;
+        kernel<<<grid, kCtaThreads, kSmemBytes>>>(prm, split_keys, ws_o, ws_ml, map, tma, 1, qmap_wide, qmap_narrow, qtma,
+                                                  kv_evict_first_pays(b), nullptr, 0);
       });
       const float t_comb = time_us([&] { launch_combine(prm, split_keys, b, dev, ws_o, ws_ml, nullptr); });
       const float t_empty = time_us([&] { timeline_empty_kernel<<<1, 32>>>(); });
