@@ -16,9 +16,9 @@
 //   --sm90-only        skip the oracle and the portable kernel (the sm_90a kernel only)
 //   --plan             also time the sm_90a kernel with a per-step plan made beforehand (row sm90-plan; the plan
 //                      kernel's own time in its last cell)
-//   --p-bf16           also time the sm_90a kernel (and with --plan its planned call) at p_precision DDT_ATTN_P_BF16
-//                      (rows sm90-bf16, sm90-plan-bf16: P as one bf16, one PV product; the speedup cell gives the
-//                      time over the hi + lo row's in the same run; checked against the bf16-P bar, p_bf16_tol)
+//   --p-bf16           also time the flash kernels at p_precision DDT_ATTN_P_BF16 (rows portable-bf16, sm90-bf16,
+//                      sm90-plan-bf16 with --plan: P as one bf16, one PV product; the speedup cell gives the time over
+//                      the hi + lo row's in the same run; checked against the bf16-P bar, p_bf16_tol)
 //   --split-keys N     the flash kernels' split length (portable and sm_90a; default 512; 0: never split)
 //   --shape P,T,batch  that one shape only (for a profiler: ncu -k ... bench_verify_attn --shape 32768,1,1)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
@@ -102,7 +102,12 @@ int sm90_planned_kernel(const ddt_verify_attn_params* p, void* stream) {
       },
       p, g_split_keys, stream);
 }
-// --p-bf16: the same two calls at p_precision DDT_ATTN_P_BF16.
+// --p-bf16: the same calls at p_precision DDT_ATTN_P_BF16.
+int portable_bf16_kernel(const ddt_verify_attn_params* p, void* stream) {
+  ddt_verify_attn_params q = *p;
+  q.p_precision = DDT_ATTN_P_BF16;
+  return portable_kernel(&q, stream);
+}
 int sm90_bf16_kernel(const ddt_verify_attn_params* p, void* stream) {
   ddt_verify_attn_params q = *p;
   q.p_precision = DDT_ATTN_P_BF16;
@@ -117,6 +122,7 @@ int sm90_planned_bf16_kernel(const ddt_verify_attn_params* p, void* stream) {
 // kernel in the same run, and for sm90-plan the plan kernel's time); --sm90-only skips the portable row.
 const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda},
                                  {"portable", portable_kernel},
+                                 {"portable-bf16", portable_bf16_kernel, true},
                                  {"sm90", sm90_kernel},
                                  {"sm90-bf16", sm90_bf16_kernel, true},
                                  {"sm90-plan", sm90_planned_kernel},
@@ -247,10 +253,11 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
   for (const KernelRow& k : kKernelRows) {
     const bool is_oracle = k.fn == ddt_verify_attn_cuda;
     const bool planned = k.fn == sm90_planned_kernel || k.fn == sm90_planned_bf16_kernel;
-    if ((k.fn == sm90_kernel || k.p_bf16 || planned) && !g_sm90) continue;
+    const bool portable_row = k.fn == portable_kernel || k.fn == portable_bf16_kernel;
+    if (!portable_row && !is_oracle && !g_sm90) continue;  // (the sm90 rows)
     if (planned && !g_plan_rows) continue;
     if (k.p_bf16 && !g_p_bf16_rows) continue;
-    if (k.fn == portable_kernel && g_skip_portable) continue;
+    if (portable_row && g_skip_portable) continue;
     if (is_oracle && max_est_s < 0) continue;  // --portable-only
     if (is_oracle && est_s > max_est_s) {
       std::printf("| %d | %d | %d | %s | skipped: estimated %.1f s > --max-est-s %.1f | | | %.1f | | | | |\n", P, T, batch,
@@ -311,10 +318,13 @@ void run_shape(cudaStream_t s, Setup& st, int T, double copy_tbs, double max_est
     if (k.fn == sm90_planned_kernel) sm90_plan_us = us;
     char speedup[96] = "";
     if (!is_oracle && oracle_us > 0) std::snprintf(speedup, sizeof speedup, "%.1f", oracle_us / us);
-    if ((k.fn == sm90_kernel || planned || k.p_bf16) && portable_us > 0)
+    if ((k.fn == sm90_kernel || planned || k.fn == sm90_bf16_kernel) && portable_us > 0)
       std::snprintf(speedup + std::strlen(speedup), sizeof speedup - std::strlen(speedup), "%s%.2fx portable",
                     oracle_us > 0 ? " / " : "", portable_us / us);
-    const double hilo_us = k.fn == sm90_bf16_kernel ? sm90_us : (k.fn == sm90_planned_bf16_kernel ? sm90_plan_us : 0.0);
+    const double hilo_us = k.fn == sm90_bf16_kernel             ? sm90_us
+                           : k.fn == sm90_planned_bf16_kernel ? sm90_plan_us
+                           : k.fn == portable_bf16_kernel     ? portable_us
+                                                              : 0.0;
     if (hilo_us > 0)  // (time over the hi + lo row's: < 1 is faster)
       std::snprintf(speedup + std::strlen(speedup), sizeof speedup - std::strlen(speedup), "%s%.3f of hi+lo",
                     speedup[0] ? " / " : "", us / hilo_us);

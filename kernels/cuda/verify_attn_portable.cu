@@ -29,7 +29,8 @@
 //    relative, so the PV product is as accurate as f32 P; rounding P to one bf16 alone misses the element
 //    bar on peaked attention over few keys) and the rescale factor to shared memory. Then
 //    O[32 x 512] = alpha O + P_hi V + P_lo V, V = dims 0..511 of the same KV tile: warp w owns output dims
-//    [64 w, 64 w + 64) of all 32 rows (64 f32 accumulators per thread).
+//    [64 w, 64 w + 64) of all 32 rows (64 f32 accumulators per thread). With p_precision DDT_ATTN_P_BF16 (the
+//    kPBf16 instantiations) P is hi alone: no P lo stores and one PV product (wide and narrow paths).
 //  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_item<1 / 2>:
 //    rows as the MMA's N, S^T = K Q^T and O^T = V^T P^T), bitwise equal to the 32-row path above. The kernel comes
 //    in two instantiations, with and without the narrow path; the launcher takes the former for decode-like
@@ -153,7 +154,8 @@ struct Smem {
 // (The kernel with the narrow path inlines all three: 255 registers, 40 B of stack on sm_90 (56 / 76 B of spill
 // stores / loads; sm_80: 16 B, 12 / 20 B), outside the tile loops (cuobjdump); the kernel without it: 233 registers,
 // no stack. __noinline__ per path removed the spills but put the params on the stack: ~24 local loads per tile.)
-template <int kNT>
+// kPBf16: p_precision DDT_ATTN_P_BF16: P as one bf16 (no P lo, one PV product), else the hi + lo pair.
+template <int kNT, bool kPBf16>
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const Request& q,
                              const Smem& sm, float* ws_o, float* ws_ml) {
   constexpr bool kNarrow = kNT > 0;
@@ -400,26 +402,29 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       }
       l_run = l_run * alpha + sum;  // this thread's 4-key share; the row's 8 shares are added at the end
       m_run = m_new;
-      // P = hi + lo, both bf16 (p - hi is exact in f32).
+      // P = hi + lo, both bf16 (p - hi is exact in f32; kPBf16: hi alone).
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(pe[0], pe[1]);
       const __nv_bfloat162 h23 = __floats2bfloat162_rn(pe[2], pe[3]);
-      const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
-      const __nv_bfloat162 l01 = __floats2bfloat162_rn(pe[0] - f01.x, pe[1] - f01.y);
-      const __nv_bfloat162 l23 = __floats2bfloat162_rn(pe[2] - f23.x, pe[3] - f23.y);
-      uint2 hi, lo;
+      uint2 hi;
       hi.x = *reinterpret_cast<const uint32_t*>(&h01);
       hi.y = *reinterpret_cast<const uint32_t*>(&h23);
-      lo.x = *reinterpret_cast<const uint32_t*>(&l01);
-      lo.y = *reinterpret_cast<const uint32_t*>(&l23);
       *reinterpret_cast<uint2*>(sm.p_hi + sr * kPStride + sk) = hi;
-      *reinterpret_cast<uint2*>(sm.p_lo + sr * kPStride + sk) = lo;
+      if constexpr (!kPBf16) {
+        const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
+        const __nv_bfloat162 l01 = __floats2bfloat162_rn(pe[0] - f01.x, pe[1] - f01.y);
+        const __nv_bfloat162 l23 = __floats2bfloat162_rn(pe[2] - f23.x, pe[3] - f23.y);
+        uint2 lo;
+        lo.x = *reinterpret_cast<const uint32_t*>(&l01);
+        lo.y = *reinterpret_cast<const uint32_t*>(&l23);
+        *reinterpret_cast<uint2*>(sm.p_lo + sr * kPStride + sk) = lo;
+      }
       if ((tid & 7) == 0) sm.alpha[sr] = alpha;
     }
     DDT_PROF_LAP(7, tp);  // softmax
     __syncthreads();  // (C) P and the rescale factors complete
     DDT_PROF_LAP(8, tp);
 
-    // O = alpha O + P_hi V + P_lo V for this warp's 64 dims.
+    // O = alpha O + P_hi V + P_lo V for this warp's 64 dims (kPBf16: no P_lo term).
     if constexpr (kNarrow) {  // O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T, the warp's dims as 4 m-tiles
       float al[kNT][2];  // rows 8 nt + 2 c, + 1
 #pragma unroll
@@ -449,10 +454,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
           const uint32_t off = uint32_t((row * kPStride + col) * 2);
           if constexpr (kNT == 2) {
             ldmatrix_x4(phi + off, ph[0], ph[1], ph[2], ph[3]);
-            ldmatrix_x4(plo + off, pl[0], pl[1], pl[2], pl[3]);
+            if constexpr (!kPBf16) ldmatrix_x4(plo + off, pl[0], pl[1], pl[2], pl[3]);
           } else {
             ldmatrix_x2(phi + off, ph[0], ph[1]);
-            ldmatrix_x2(plo + off, pl[0], pl[1]);
+            if constexpr (!kPBf16) ldmatrix_x2(plo + off, pl[0], pl[1]);
           }
         }
 #pragma unroll
@@ -466,7 +471,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
             mma_bf16(acc[a][nt], va, ph[2 * nt], ph[2 * nt + 1]);
-            mma_bf16(acc[a][nt], va, pl[2 * nt], pl[2 * nt + 1]);
+            if constexpr (!kPBf16) mma_bf16(acc[a][nt], va, pl[2 * nt], pl[2 * nt + 1]);
           }
         }
       }
@@ -496,7 +501,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
           const int col = ks * 16 + ((lane >> 4) << 3);
           const uint32_t off = uint32_t((row * kPStride + col) * 2);
           ldmatrix_x4(phi + off, pa[a][0], pa[a][1], pa[a][2], pa[a][3]);
-          ldmatrix_x4(plo + off, pb[a][0], pb[a][1], pb[a][2], pb[a][3]);
+          if constexpr (!kPBf16) ldmatrix_x4(plo + off, pb[a][0], pb[a][1], pb[a][2], pb[a][3]);
         }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {  // dims 64 warp + 16 np .. + 15
@@ -508,8 +513,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
           for (int a = 0; a < 2; ++a) {
             mma_bf16(acc[a][2 * np], pa[a], b0, b1);
             mma_bf16(acc[a][2 * np + 1], pa[a], b2, b3);
-            mma_bf16(acc[a][2 * np], pb[a], b0, b1);
-            mma_bf16(acc[a][2 * np + 1], pb[a], b2, b3);
+            if constexpr (!kPBf16) {
+              mma_bf16(acc[a][2 * np], pb[a], b0, b1);
+              mma_bf16(acc[a][2 * np + 1], pb[a], b2, b3);
+            }
           }
         }
       }
@@ -619,7 +626,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 // depend on the kernel (the paths are bitwise equal: PortableNarrowPathEqualsWidePathBitwise), so the launcher may
 // pick either per call. probe: each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_PORTABLE_NARROW=probe: the tests'
 // evidence).
-template <bool kWithNarrow>
+// kPBf16: p_precision DDT_ATTN_P_BF16 (P as one bf16, one PV product), else the default hi + lo.
+template <bool kWithNarrow, bool kPBf16>
 __global__ void __launch_bounds__(kThreads, 1)
     verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml, int probe) {
   pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
@@ -637,25 +645,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The path from the request's row count alone (batch invariant; a request of a bad shape is poisoned the
       // same way on every path).
       const int64_t n_rows = int64_t(q.nodes) * p.heads;
-      if (n_rows <= kNarrowN) process_item<1>(p, split_keys, item, q, sm, ws_o, ws_ml);
-      else if (n_rows <= kNarrowRows) process_item<2>(p, split_keys, item, q, sm, ws_o, ws_ml);
-      else process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      if (n_rows <= kNarrowN) process_item<1, kPBf16>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      else if (n_rows <= kNarrowRows) process_item<2, kPBf16>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      else process_item<0, kPBf16>(p, split_keys, item, q, sm, ws_o, ws_ml);
       if (n_rows <= kNarrowRows && probe && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_PROBE_NARROW);
     } else {
-      process_item<0>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      process_item<0, kPBf16>(p, split_keys, item, q, sm, ws_o, ws_ml);
     }
   });
 }
 
-// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident (of both
-// kernels: the smaller).
+// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident (of all four
+// kernels: the smallest).
 FlashDeviceInfo device_info() {
   return cached_device_info([](int dev) {
-    FlashDeviceInfo wide = resident_grids(verify_attn_portable_kernel<false>, kThreads, kSmemBytes, dev);
-    const FlashDeviceInfo narrow = resident_grids(verify_attn_portable_kernel<true>, kThreads, kSmemBytes, dev);
-    if (narrow.state != 1) return narrow;
-    wide.main_ctas = std::min(wide.main_ctas, narrow.main_ctas);
-    return wide;
+    auto grids = [dev](auto kernel) { return resident_grids(kernel, kThreads, kSmemBytes, dev); };
+    FlashDeviceInfo info = grids(verify_attn_portable_kernel<false, false>);
+    for (const FlashDeviceInfo other : {grids(verify_attn_portable_kernel<true, false>),
+                                        grids(verify_attn_portable_kernel<false, true>),
+                                        grids(verify_attn_portable_kernel<true, true>)}) {
+      if (other.state != 1) return other;
+      info.main_ctas = std::min(info.main_ctas, other.main_ctas);
+    }
+    return info;
   });
 }
 
@@ -690,7 +702,11 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
   const bool forced_on = probe || (narrow_env && std::strcmp(narrow_env, "1") == 0);
   const bool decode_like = int64_t(p->heads) * p->total_nodes <= attn::kNarrowRows * int64_t(p->batch);
   const bool with_narrow = !forced_off && (forced_on || decode_like);
-  auto* kernel = with_narrow ? attn::verify_attn_portable_kernel<true> : attn::verify_attn_portable_kernel<false>;
+  const bool p_bf16 = p->p_precision == DDT_ATTN_P_BF16;  // (validate() admitted only the two DDT_ATTN_P_ values)
+  auto* kernel = with_narrow ? (p_bf16 ? attn::verify_attn_portable_kernel<true, true>
+                                       : attn::verify_attn_portable_kernel<true, false>)
+                             : (p_bf16 ? attn::verify_attn_portable_kernel<false, true>
+                                       : attn::verify_attn_portable_kernel<false, false>);
   kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml, probe ? 1 : 0);
   DDT_CUDA_LAUNCHED();
   return attn::launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s);

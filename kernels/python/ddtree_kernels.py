@@ -347,8 +347,8 @@ def key_token(keys):
 # ---- tree-verify MLA attention (kernels.h section 4) ----
 ATTN_DIM_QK = 576  # 512 latent (c_kv / absorbed q_nope) + 64 rope
 ATTN_DIM_V = 512
-# verify_attn's p_precision (kernels.h): "hilo" (the default bar) or "bf16" (opt-in: P as one bf16 in the sm_90a
-# kernel, one PV product, its own bar; the other kernels compute at the default precision).
+# verify_attn's p_precision (kernels.h): "hilo" (the default bar) or "bf16" (opt-in: P as one bf16 in the flash
+# kernels, one PV product, its own bar; the oracle and the CPU twin compute at the default precision).
 ATTN_P_PRECISIONS = {"hilo": 0, "bf16": 1}
 
 
@@ -513,9 +513,9 @@ def verify_attn(q, kv_cache, page_table, prefix_lens, node_offsets, vis, softmax
     for every layer, or, without one, a plan made right before the call; bitwise the "sm90" result); the flash
     kernels' workspace is allocated here with torch on the tensors' device; split_keys: their split length, 0 =
     never split, else a multiple of 32: keep one value per deployment, see kernels.h). p_precision: "hilo" (the
-    default: the correctness bar) or "bf16" (opt-in, FlashMLA's precision: the sm_90a kernels round P to one bf16
-    before PV, ~10% faster at T >= 8, out within the bar plus 2^-8 sum_j p_j |v_j| / l; the other kernels compute
-    at the default precision; kernels.h DDT_ATTN_P_BF16)."""
+    default: the correctness bar) or "bf16" (opt-in, FlashMLA's precision: the flash kernels round P to one bf16
+    before PV, ~10% faster at T >= 8, out within the bar plus 2^-8 sum_j p_j |v_j| / l; the oracle and the CPU twin
+    compute at the default precision; kernels.h DDT_ATTN_P_BF16)."""
     if kernel not in ("oracle", "portable", "sm90", "sm90-plan"):
         raise ValueError(f"verify_attn: kernel must be 'oracle', 'portable', 'sm90' or 'sm90-plan', got {kernel!r}")
     if kernel != "oracle" and not _is_cuda(q):

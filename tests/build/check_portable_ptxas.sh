@@ -2,7 +2,8 @@
 # Compiles the portable tree-verify attention kernel (kernels/cuda/verify_attn_portable.cu) for the smallest and
 # the largest targets it promises besides sm_90 (sm_80, sm_120; sm_120 allows 99 KB of shared memory per CTA) with
 # ptxas diagnostics and fails when:
-#  - the kernel without the narrow path (verify_attn_portable_kernel<false>, every tree batch) spills at all (it runs
+#  - a kernel without the narrow path (verify_attn_portable_kernel<false, *>, every tree batch; * = P as hi + lo or,
+#    for p_precision DDT_ATTN_P_BF16, as one bf16) spills at all (it runs
 #    at 232-233 registers with none: docs/PERF_NOTES.md S39), or the one with it spills more than a budget (its 12-56
 #    B lie outside the tile loops; a larger number is a new spill to look at);
 #  - either kernel's static shared memory exceeds kSmemStatic (384 B), which the dynamic part's static_assert
@@ -24,18 +25,20 @@ for arch in 80 120; do
     echo "FAIL: the portable kernel does not compile for sm_$arch"
     exit 1
   }
-  for inst in 0 1; do
-    props=$(grep -A2 "Function properties for .*verify_attn_portable_kernelILb${inst}E" "$log" || true)
+  for kind in 0 1 0b 1b; do
+    inst=${kind%b}
+    pbf16=$([ "$kind" = "$inst" ] && echo 0 || echo 1)
+    props=$(grep -A2 "Function properties for .*verify_attn_portable_kernelILb${inst}ELb${pbf16}E" "$log" || true)
     stores=$(echo "$props" | grep -o "[0-9]* bytes spill stores" | grep -o "^[0-9]*" | head -n 1 || true)
     loads=$(echo "$props" | grep -o "[0-9]* bytes spill loads" | grep -o "^[0-9]*" | head -n 1 || true)
     smem=$(echo "$props" | grep -o "[0-9]* bytes smem" | grep -o "^[0-9]*" | head -n 1 || true)
     if [ -z "$stores" ] || [ -z "$loads" ] || [ -z "$smem" ]; then
       cat "$log"
-      echo "FAIL: no ptxas resource line for verify_attn_portable_kernel<$([ $inst = 1 ] && echo true || echo false)>"
+      echo "FAIL: no ptxas resource line for verify_attn_portable_kernel<$([ $inst = 1 ] && echo true || echo false), $([ $pbf16 = 1 ] && echo true || echo false)>"
       exit 1
     fi
     budget=$([ "$inst" = 1 ] && echo "$max_narrow_spill" || echo 0)
-    name=$([ "$inst" = 1 ] && echo "with the narrow path" || echo "without the narrow path")
+    name=$([ "$inst" = 1 ] && echo "with the narrow path" || echo "without the narrow path")$([ $pbf16 = 1 ] && echo ", bf16 P" || true)
     echo "sm_$arch, kernel $name: $stores / $loads bytes of spill stores / loads (budget $budget), $smem bytes of static shared memory (bound $max_static)"
     if [ "$stores" -gt "$budget" ] || [ "$loads" -gt "$budget" ]; then
       echo "FAIL: spills above the budget"

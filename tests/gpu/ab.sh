@@ -10,8 +10,8 @@
 # must share the new build's headers: the test binary inlines the plan and workspace layouts), so several
 # candidate changes share one device call. The tarball is written on exit, also when the run is killed. Prints the tests' summary, every planned shape that
 # moved by more than 2%, the second samples and the geomeans of each library against the base
-# (tests/gpu/ab_summary.py); NEW_BENCH_ARGS (e.g. --p-bf16: rows only the new library has) go to every sm90 bench
-# of the libraries other than the base (the variants too: a variant library that predates a mode times its default
+# (tests/gpu/ab_summary.py); NEW_BENCH_ARGS (e.g. --p-bf16: rows only the new library has) go to every sm90 and
+# portable bench of the libraries other than the base (the variants too: a variant library that predates a mode times its default
 # under that mode's row name), BASE_BENCH_ARGS to the base's. Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
 # 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
 set -uo pipefail
@@ -65,7 +65,8 @@ if [ "${SKIP_SM90:-0}" != 1 ]; then
 fi
 if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
   for lib in $libs; do
-    LD_LIBRARY_PATH=$(libdir $lib) timeout 60 "$c/bench_verify_attn" --quick --portable-only > "$out/portable_$lib.txt" 2>&1
+    extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
+    LD_LIBRARY_PATH=$(libdir $lib) timeout 90 "$c/bench_verify_attn" --quick --portable-only $extra > "$out/portable_$lib.txt" 2>&1
     echo "portable table, $lib: exit $? at $(elapsed)"
   done
 fi

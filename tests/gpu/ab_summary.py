@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROW = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?|portable) \| ([\d.]+) \|")
 # the --p-bf16 rows (p_precision DDT_ATTN_P_BF16), the hi + lo rows beside them, with their fraction of the roofline
-ROW_BF16 = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?)-bf16 \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|")
-HILO = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|")
+ROW_BF16 = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?|portable)-bf16 \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|")
+HILO = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (sm90(?:-plan)?|portable) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|")
 
 
 def table(path):
@@ -71,26 +71,27 @@ def main(out):
                 if "base" in v and lib in v:
                     print(f"  P {k[0]} T {k[1]} b {k[2]}: {v['base']} / {v[lib]} ({v[lib] / v['base']:.3f})")
     for lib in others:  # P as one bf16 against hi + lo, the same library and run (bench --p-bf16)
-        f = out / f"sm90_{lib}.txt"
-        if not f.exists():
+        files = [out / f"{t}_{lib}.txt" for t in ("sm90", "portable")]
+        lines = [line for f in files if f.exists() for line in f.read_text().splitlines()]
+        if not lines:
             continue
-        lines = f.read_text().splitlines()
         hilo = {m.groups()[:4]: (float(m.group(5)), float(m.group(6))) for m in map(HILO.match, lines) if m}
         bf16 = {m.groups()[:4]: (float(m.group(5)), float(m.group(6))) for m in map(ROW_BF16.match, lines) if m}
         common = sorted(set(hilo) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
         if not common:
             continue
         bf16_base = {}
-        if (out / "sm90_base.txt").exists():
-            bf16_base = {m.groups()[:4]: (float(m.group(5)), float(m.group(6)))
-                         for m in map(ROW_BF16.match, (out / "sm90_base.txt").read_text().splitlines()) if m}
+        for f in (out / "sm90_base.txt", out / "portable_base.txt"):
+            if f.exists():
+                bf16_base.update({m.groups()[:4]: (float(m.group(5)), float(m.group(6)))
+                                  for m in map(ROW_BF16.match, f.read_text().splitlines()) if m})
         both = sorted(set(bf16_base) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
         if both:  # the bf16 rows of both libraries (BASE_BENCH_ARGS=--p-bf16)
             print(f"== {lib} against base, p_precision bf16 rows (us base -> {lib}, ratio; fraction of roofline)")
             for k in both:
                 (h, fh), (b, fb) = bf16_base[k], bf16[k]
                 print(f"  {k[3]}-bf16 P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
-            for kernel in ("sm90-plan", "sm90"):
+            for kernel in ("sm90-plan", "sm90", "portable"):
                 for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
                     r1 = [bf16[k][0] / bf16_base[k][0] for k in both if k[3] == kernel and pick(k) and k[1] == "1"]
                     r8 = [bf16[k][0] / bf16_base[k][0] for k in both if k[3] == kernel and pick(k) and int(k[1]) >= 8]
@@ -100,7 +101,7 @@ def main(out):
         for k in common:
             (h, fh), (b, fb) = hilo[k], bf16[k]
             print(f"  {k[3]} P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
-        for kernel in ("sm90-plan", "sm90"):
+        for kernel in ("sm90-plan", "sm90", "portable"):
             for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
                 r1 = [bf16[k][0] / hilo[k][0] for k in common if k[3] == kernel and pick(k) and k[1] == "1"]
                 r8 = [bf16[k][0] / hilo[k][0] for k in common if k[3] == kernel and pick(k) and int(k[1]) >= 8]

@@ -88,6 +88,13 @@ int portable(const ddt_verify_attn_params* p, void* stream) {
 }
 const Kernel kPortable{"portable", portable<512>, Tol{}};
 const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
+// The portable kernel with p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h).
+template <int kSplitKeys>
+int portable_pbf16(const ddt_verify_attn_params* p, void* stream) {
+  ddt_verify_attn_params q = *p;
+  q.p_precision = DDT_ATTN_P_BF16;
+  return ddtree::test::verify_attn_portable_with_workspace(&q, kSplitKeys, stream);
+}
 // The sm_90a kernel (compute capability 9.0 only) at 512, 64, 96 and 0 (never split). 96: key ranges that start
 // off a 64-key boundary (split 1 starts at 96): the cp.async path whatever the page size.
 template <int kSplitKeys>
@@ -116,7 +123,7 @@ int sm90_planned_pbf16(const ddt_verify_attn_params* p, void* stream) {
 // (and Sm90KernelOnThisGpu reports that as a skip). The bf16-P ones are compared by their own bar (p_bf16_tol).
 const std::vector<Kernel>& kernels_under_test() {
   static const std::vector<Kernel> ks = [] {
-    std::vector<Kernel> v = {kOracle, kPortable, kPortable64};
+    std::vector<Kernel> v = {kOracle, kPortable, kPortable64, {"port-bf16", portable_pbf16<512>, p_bf16_tol(), true}};
     if (ddtree::test::gpu_is_sm90()) {
       v.push_back({"sm90", sm90<512>, Tol{}});
       v.push_back({"sm90-s64", sm90<64>, Tol{}});
@@ -357,7 +364,8 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
   struct K { const char* name; KernelFn fn; };
   std::vector<K> kernels = {{"oracle", ddt_verify_attn_cuda}, {"portable s0", portable<0>},
                             {"portable s64", portable<64>}, {"portable s512", portable<512>},
-                            {"portable s1024", portable<1024>}};
+                            {"portable s1024", portable<1024>}, {"portable-bf16 s0", portable_pbf16<0>},
+                            {"portable-bf16 s512", portable_pbf16<512>}};
   if (ddtree::test::gpu_is_sm90())
     for (K k : {K{"sm90 s0", sm90<0>}, K{"sm90 s64", sm90<64>}, K{"sm90 s512", sm90<512>}, K{"sm90 s1024", sm90<1024>},
                 K{"sm90-bf16 s0", sm90_pbf16<0>}, K{"sm90-bf16 s512", sm90_pbf16<512>}})
@@ -547,10 +555,13 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
 TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
   for (const NarrowSetup& su : narrow_setups()) {
     const Result cpu = run_cpu(su.p);
-    for (KernelFn fn : {portable<0>, portable<64>, portable<96>, portable<512>}) {
+    const std::vector<double> mass = brute_force(su.p).mass;  // (the bf16-P runs' bar)
+    for (KernelFn fn : {portable<0>, portable<64>, portable<96>, portable<512>, portable_pbf16<0>, portable_pbf16<512>}) {
+      const bool p_bf16 = fn == portable_pbf16<0> || fn == portable_pbf16<512>;
       const Result narrow = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "probe");
       const Result wide = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "0");
-      expect_narrow_equals_wide(su, narrow, wide, cpu, "portable");
+      expect_narrow_equals_wide(su, narrow, wide, cpu, p_bf16 ? "portable-bf16" : "portable",
+                                p_bf16 ? p_bf16_tol() : Tol{}, p_bf16 ? &mass : nullptr);
     }
   }
 }
@@ -1112,14 +1123,14 @@ TEST(VerifyAttnGpu, Sm90KernelOnThisGpu) {
   GPU_CHECK(cudaDeviceSynchronize());
 }
 
-// p_precision DDT_ATTN_P_BF16 (kernels.h): the sm_90a kernel rounds P to one bf16 and runs one PV product. Shown on
+// p_precision DDT_ATTN_P_BF16 (kernels.h): the flash kernels round P to one bf16 and run one PV product. Shown on
 // peaked problems (unsplit and split, TMA and cp.async pages, H 8 / 24, a 513-node tree, a batch with decode rows:
-// the narrow path) at split 512 and 0, planned and not: the result differs from the default's (the mode took
-// effect), meets its own bar (p_bf16_tol) against the brute force and, where the emulation predicts it
+// the narrow paths) at split 512 and 0, the sm_90a kernel planned and not: the result differs from the default's (the
+// mode took effect), meets its own bar (p_bf16_tol) against the brute force and, where the emulation predicts it
 // (bench/dev/attn_p_precision.cpp: the peaked cases), misses the default bar (so the bar's extra term is what
 // admits it); lse is bitwise the default's (the row sums add the unrounded f32 weights in both modes). The oracle
-// and the portable kernel compute at the default precision for either value: bitwise their default results.
-TEST(VerifyAttnGpu, PBf16RoundsPInTheSm90KernelAndMeetsItsBar) {
+// computes at the default precision for either value: bitwise its default results.
+TEST(VerifyAttnGpu, PBf16RoundsPInTheFlashKernelsAndMeetsItsBar) {
   struct C { const char* name; uint64_t seed; std::vector<ReqSpec> reqs; int heads, page; float q_scale; bool misses_bar; };
   const std::vector<C> cases = {
       {"T128_P1_peaky", 10, {{1, 128, Shape::kRandom}}, 8, 64, 6.0f, true},
@@ -1135,15 +1146,20 @@ TEST(VerifyAttnGpu, PBf16RoundsPInTheSm90KernelAndMeetsItsBar) {
     o.q_scale = c.q_scale;
     const Problem p = make_problem(c.seed, c.reqs, o);
     const Ref brute = brute_force(p);
-    for (auto [name, fn] : {std::pair<const char*, KernelFn>{"oracle", ddt_verify_attn_cuda}, {"portable", portable<512>}}) {
+    {
       Problem pb = p;
       pb.opt.p_precision = DDT_ATTN_P_BF16;
-      EXPECT_EQ(rows_differing(run_gpu(p, fn), run_gpu(pb, fn)), 0) << c.name << " " << name << ": p_precision changed bits";
+      EXPECT_EQ(rows_differing(run_gpu(p, ddt_verify_attn_cuda), run_gpu(pb, ddt_verify_attn_cuda)), 0)
+          << c.name << " oracle: p_precision changed bits";
     }
-    if (!ddtree::test::gpu_is_sm90()) continue;
     struct Pair { const char* name; KernelFn hilo, bf16; };
-    for (const Pair& k : {Pair{"sm90 s512", sm90<512>, sm90_pbf16<512>}, Pair{"sm90 s0", sm90<0>, sm90_pbf16<0>},
-                          Pair{"sm90-plan s96", sm90_planned<96>, sm90_planned_pbf16<96>}}) {
+    std::vector<Pair> pairs = {{"portable s512", portable<512>, portable_pbf16<512>},
+                               {"portable s0", portable<0>, portable_pbf16<0>}};
+    if (ddtree::test::gpu_is_sm90())
+      for (const Pair& k : {Pair{"sm90 s512", sm90<512>, sm90_pbf16<512>}, Pair{"sm90 s0", sm90<0>, sm90_pbf16<0>},
+                            Pair{"sm90-plan s96", sm90_planned<96>, sm90_planned_pbf16<96>}})
+        pairs.push_back(k);
+    for (const Pair& k : pairs) {
       SCOPED_TRACE(std::string(c.name) + ", " + k.name);
       const Result hilo = run_gpu(p, k.hilo), bf16 = run_gpu(p, k.bf16);
       EXPECT_EQ(bf16.status, 0u);

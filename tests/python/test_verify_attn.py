@@ -249,7 +249,7 @@ def test_float_inputs_are_rounded_and_errors_raise():
 
 
 def test_p_precision_is_checked_and_the_reference_kernels_ignore_it():
-    """p_precision "bf16" lets the sm_90a kernel round P; the CPU twin computes at the default precision for
+    """p_precision "bf16" lets the flash kernels round P; the CPU twin computes at the default precision for
     either value (bitwise the same); an unknown value raises before any call."""
     pb = make_problem(23, [(70, 33, "bushy"), (0, 5, "chain")], 8, 64, q_scale=6.0)
     a, la, _ = run("cpu", pb)
@@ -259,9 +259,11 @@ def test_p_precision_is_checked_and_the_reference_kernels_ignore_it():
         run("cpu", pb, p_precision="fp8")
 
 
-@pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU")
-@pytest.mark.parametrize("kernel", ["sm90", "sm90-plan"])
-def test_sm90_p_bf16_meets_its_bar_and_keeps_lse(kernel):
+@pytest.mark.skipif(not HAVE_CUDA, reason="no CUDA GPU / torch")
+@pytest.mark.parametrize("kernel", ["portable", pytest.param(
+    "sm90", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU")), pytest.param(
+    "sm90-plan", marks=pytest.mark.skipif(not HAVE_SM90, reason="no compute capability 9.0 GPU"))])
+def test_flash_p_bf16_meets_its_bar_and_keeps_lse(kernel):
     """p_precision "bf16" on peaked rows (a 128-node tree, and decode rows: the narrow path): the output changes
     (the mode took effect), meets the bf16-P bar against float64, misses the default bar somewhere (so the bar's
     extra term is what admits it), and lse is bitwise the default's."""
