@@ -29,6 +29,26 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def compare_rows(title, before, after, suffix, what):
+    """before / after: {(P, T, batch, kernel): (us, fraction of the roofline)}. Prints each shape of both (us before ->
+    after, ratio; fractions) and the geomean of after / before per kernel, over the fixed batches and batch 1, T 1 and
+    T >= 8 apart; suffix goes after the kernel's name in the lines."""
+    keys = sorted(set(before) & set(after), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
+    if not keys:
+        return
+    print(title)
+    for k in keys:
+        (h, fh), (b, fb) = before[k], after[k]
+        print(f"  {k[3]}{suffix} P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
+    for kernel in ("sm90-plan", "sm90", "portable"):
+        for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
+            r1 = [after[k][0] / before[k][0] for k in keys if k[3] == kernel and pick(k) and k[1] == "1"]
+            r8 = [after[k][0] / before[k][0] for k in keys if k[3] == kernel and pick(k) and int(k[1]) >= 8]
+            if r1 or r8:
+                print(f"geomean {what}, {kernel}{suffix}, {name}: T 1 {geomean(r1):.4f} ({len(r1)}), "
+                      f"T >= 8 {geomean(r8):.4f} ({len(r8)})")
+
+
 def main(out):
     out = Path(out)
     # every library timed beside the base: new, then the variants (sm90_<name>.txt or, with SKIP_SM90=1, only
@@ -77,36 +97,16 @@ def main(out):
             continue
         hilo = {m.groups()[:4]: (float(m.group(5)), float(m.group(6))) for m in map(HILO.match, lines) if m}
         bf16 = {m.groups()[:4]: (float(m.group(5)), float(m.group(6))) for m in map(ROW_BF16.match, lines) if m}
-        common = sorted(set(hilo) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
-        if not common:
-            continue
         bf16_base = {}
         for f in (out / "sm90_base.txt", out / "portable_base.txt"):
             if f.exists():
                 bf16_base.update({m.groups()[:4]: (float(m.group(5)), float(m.group(6)))
                                   for m in map(ROW_BF16.match, f.read_text().splitlines()) if m})
-        both = sorted(set(bf16_base) & set(bf16), key=lambda k: (k[3], k[2] == "1", int(k[0]), int(k[1])))
-        if both:  # the bf16 rows of both libraries (BASE_BENCH_ARGS=--p-bf16)
-            print(f"== {lib} against base, p_precision bf16 rows (us base -> {lib}, ratio; fraction of roofline)")
-            for k in both:
-                (h, fh), (b, fb) = bf16_base[k], bf16[k]
-                print(f"  {k[3]}-bf16 P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
-            for kernel in ("sm90-plan", "sm90", "portable"):
-                for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
-                    r1 = [bf16[k][0] / bf16_base[k][0] for k in both if k[3] == kernel and pick(k) and k[1] == "1"]
-                    r8 = [bf16[k][0] / bf16_base[k][0] for k in both if k[3] == kernel and pick(k) and int(k[1]) >= 8]
-                    print(f"geomean {lib} / base time, {kernel}-bf16, {name}: T 1 {geomean(r1):.4f} ({len(r1)}), "
-                          f"T >= 8 {geomean(r8):.4f} ({len(r8)})")
-        print(f"== {lib}: p_precision bf16 against hi + lo (us hi+lo -> bf16, ratio; fraction of roofline)")
-        for k in common:
-            (h, fh), (b, fb) = hilo[k], bf16[k]
-            print(f"  {k[3]} P {k[0]} T {k[1]} b {k[2]}: {h} -> {b} ({b / h:.3f}); {fh:.3f} -> {fb:.3f}")
-        for kernel in ("sm90-plan", "sm90", "portable"):
-            for name, pick in (("fixed batches", lambda k: k[2] != "1"), ("batch 1", lambda k: k[2] == "1")):
-                r1 = [bf16[k][0] / hilo[k][0] for k in common if k[3] == kernel and pick(k) and k[1] == "1"]
-                r8 = [bf16[k][0] / hilo[k][0] for k in common if k[3] == kernel and pick(k) and int(k[1]) >= 8]
-                print(f"geomean bf16 / hi+lo time, {kernel}, {name}: T 1 {geomean(r1):.4f} ({len(r1)}), "
-                      f"T >= 8 {geomean(r8):.4f} ({len(r8)})")
+        # (the bf16 rows of both libraries: BASE_BENCH_ARGS=--p-bf16)
+        compare_rows(f"== {lib} against base, p_precision bf16 rows (us base -> {lib}, ratio; fraction of roofline)",
+                     bf16_base, bf16, "-bf16", f"{lib} / base time")
+        compare_rows(f"== {lib}: p_precision bf16 against hi + lo (us hi+lo -> bf16, ratio; fraction of roofline)",
+                     hilo, bf16, "", "bf16 / hi+lo time")
     pbase = table(out / "portable_base.txt")[0] if (out / "portable_base.txt").exists() else {}
     for lib in ["base"] + others:
         f = out / f"portable_{lib}.txt"

@@ -88,13 +88,6 @@ int portable(const ddt_verify_attn_params* p, void* stream) {
 }
 const Kernel kPortable{"portable", portable<512>, Tol{}};
 const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
-// The portable kernel with p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h).
-template <int kSplitKeys>
-int portable_pbf16(const ddt_verify_attn_params* p, void* stream) {
-  ddt_verify_attn_params q = *p;
-  q.p_precision = DDT_ATTN_P_BF16;
-  return ddtree::test::verify_attn_portable_with_workspace(&q, kSplitKeys, stream);
-}
 // The sm_90a kernel (compute capability 9.0 only) at 512, 64, 96 and 0 (never split). 96: key ranges that start
 // off a 64-key boundary (split 1 starts at 96): the cp.async path whatever the page size.
 template <int kSplitKeys>
@@ -106,24 +99,19 @@ template <int kSplitKeys>
 int sm90_planned(const ddt_verify_attn_params* p, void* stream) {
   return ddtree::test::verify_attn_sm90_planned_with_workspace(p, kSplitKeys, stream);
 }
-// The sm_90a kernel with p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h), unplanned and planned.
-template <int kSplitKeys>
-int sm90_pbf16(const ddt_verify_attn_params* p, void* stream) {
+// A kernel entry at p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h): p_bf16<portable<512>> etc.
+template <KernelFn kFn>
+int p_bf16(const ddt_verify_attn_params* p, void* stream) {
   ddt_verify_attn_params q = *p;
   q.p_precision = DDT_ATTN_P_BF16;
-  return ddtree::test::verify_attn_sm90_with_workspace(&q, kSplitKeys, stream);
-}
-template <int kSplitKeys>
-int sm90_planned_pbf16(const ddt_verify_attn_params* p, void* stream) {
-  ddt_verify_attn_params q = *p;
-  q.p_precision = DDT_ATTN_P_BF16;
-  return ddtree::test::verify_attn_sm90_planned_with_workspace(&q, kSplitKeys, stream);
+  return kFn(&q, stream);
 }
 // Every kernel the GPU runs; the sm_90a ones are left out, with a printed note, off compute capability 9.0
 // (and Sm90KernelOnThisGpu reports that as a skip). The bf16-P ones are compared by their own bar (p_bf16_tol).
 const std::vector<Kernel>& kernels_under_test() {
   static const std::vector<Kernel> ks = [] {
-    std::vector<Kernel> v = {kOracle, kPortable, kPortable64, {"port-bf16", portable_pbf16<512>, p_bf16_tol(), true}};
+    std::vector<Kernel> v = {kOracle, kPortable, kPortable64,
+                             {"port-bf16", p_bf16<portable<512>>, p_bf16_tol(), true}};
     if (ddtree::test::gpu_is_sm90()) {
       v.push_back({"sm90", sm90<512>, Tol{}});
       v.push_back({"sm90-s64", sm90<64>, Tol{}});
@@ -132,9 +120,9 @@ const std::vector<Kernel>& kernels_under_test() {
       v.push_back({"sm90-plan", sm90_planned<512>, Tol{}});
       v.push_back({"sm90-p96", sm90_planned<96>, Tol{}});
       v.push_back({"sm90-p0", sm90_planned<0>, Tol{}});
-      v.push_back({"sm90-bf16", sm90_pbf16<512>, p_bf16_tol(), true});
-      v.push_back({"sm90-bf16-s0", sm90_pbf16<0>, p_bf16_tol(), true});
-      v.push_back({"sm90-bf16-p96", sm90_planned_pbf16<96>, p_bf16_tol(), true});
+      v.push_back({"sm90-bf16", p_bf16<sm90<512>>, p_bf16_tol(), true});
+      v.push_back({"sm90-bf16-s0", p_bf16<sm90<0>>, p_bf16_tol(), true});
+      v.push_back({"sm90-bf16-p96", p_bf16<sm90_planned<96>>, p_bf16_tol(), true});
     } else {
       std::printf("  (not compute capability 9.0: the sm_90a kernel is not in the kernel lists)\n");
     }
@@ -364,11 +352,11 @@ TEST(VerifyAttnGpu, ChainNodeEqualsSingleNodeDecodeBitwise) {
   struct K { const char* name; KernelFn fn; };
   std::vector<K> kernels = {{"oracle", ddt_verify_attn_cuda}, {"portable s0", portable<0>},
                             {"portable s64", portable<64>}, {"portable s512", portable<512>},
-                            {"portable s1024", portable<1024>}, {"portable-bf16 s0", portable_pbf16<0>},
-                            {"portable-bf16 s512", portable_pbf16<512>}};
+                            {"portable s1024", portable<1024>}, {"portable-bf16 s0", p_bf16<portable<0>>},
+                            {"portable-bf16 s512", p_bf16<portable<512>>}};
   if (ddtree::test::gpu_is_sm90())
     for (K k : {K{"sm90 s0", sm90<0>}, K{"sm90 s64", sm90<64>}, K{"sm90 s512", sm90<512>}, K{"sm90 s1024", sm90<1024>},
-                K{"sm90-bf16 s0", sm90_pbf16<0>}, K{"sm90-bf16 s512", sm90_pbf16<512>}})
+                K{"sm90-bf16 s0", p_bf16<sm90<0>>}, K{"sm90-bf16 s512", p_bf16<sm90<512>>}})
       kernels.push_back(k);
   for (int page : {1, 64}) {
     Options o;
@@ -521,8 +509,9 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
     const Problem& p = su.p;
     const Result cpu = run_cpu(p);
     const std::vector<double> mass = brute_force(p).mass;  // (the bf16-P runs' bar)
-    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>, sm90_pbf16<0>, sm90_pbf16<96>, sm90_pbf16<512>}) {
-      const bool p_bf16 = fn == sm90_pbf16<0> || fn == sm90_pbf16<96> || fn == sm90_pbf16<512>;
+    for (KernelFn fn : {sm90<0>, sm90<64>, sm90<96>, sm90<512>, p_bf16<sm90<0>>, p_bf16<sm90<96>>,
+                        p_bf16<sm90<512>>}) {
+      const bool rounds_p = fn == p_bf16<sm90<0>> || fn == p_bf16<sm90<96>> || fn == p_bf16<sm90<512>>;
       setenv("DDTREE_SM90_NARROW", "probe", 1);
       const Result narrow = run_gpu(p, fn);
       setenv("DDTREE_SM90_NARROW", "0", 1);
@@ -542,8 +531,8 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
       EXPECT_EQ(rows_differing(wide, wide_cp), 0) << su.name << ": wide path, Q by TMA vs cp.async";
       EXPECT_EQ(narrow_cp.status, narrow.status) << su.name;
       EXPECT_EQ(wide_cp.status, wide.status) << su.name;
-      expect_narrow_equals_wide(su, narrow, wide, cpu, p_bf16 ? "sm90-bf16" : "sm90", p_bf16 ? p_bf16_tol() : Tol{},
-                                p_bf16 ? &mass : nullptr);
+      expect_narrow_equals_wide(su, narrow, wide, cpu, rounds_p ? "sm90-bf16" : "sm90",
+                                rounds_p ? p_bf16_tol() : Tol{}, rounds_p ? &mass : nullptr);
     }
   }
   if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
@@ -556,12 +545,13 @@ TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
   for (const NarrowSetup& su : narrow_setups()) {
     const Result cpu = run_cpu(su.p);
     const std::vector<double> mass = brute_force(su.p).mass;  // (the bf16-P runs' bar)
-    for (KernelFn fn : {portable<0>, portable<64>, portable<96>, portable<512>, portable_pbf16<0>, portable_pbf16<512>}) {
-      const bool p_bf16 = fn == portable_pbf16<0> || fn == portable_pbf16<512>;
+    for (KernelFn fn : {portable<0>, portable<64>, portable<96>, portable<512>, p_bf16<portable<0>>,
+                        p_bf16<portable<512>>}) {
+      const bool rounds_p = fn == p_bf16<portable<0>> || fn == p_bf16<portable<512>>;
       const Result narrow = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "probe");
       const Result wide = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "0");
-      expect_narrow_equals_wide(su, narrow, wide, cpu, p_bf16 ? "portable-bf16" : "portable",
-                                p_bf16 ? p_bf16_tol() : Tol{}, p_bf16 ? &mass : nullptr);
+      expect_narrow_equals_wide(su, narrow, wide, cpu, rounds_p ? "portable-bf16" : "portable",
+                                rounds_p ? p_bf16_tol() : Tol{}, rounds_p ? &mass : nullptr);
     }
   }
 }
@@ -1153,11 +1143,11 @@ TEST(VerifyAttnGpu, PBf16RoundsPInTheFlashKernelsAndMeetsItsBar) {
           << c.name << " oracle: p_precision changed bits";
     }
     struct Pair { const char* name; KernelFn hilo, bf16; };
-    std::vector<Pair> pairs = {{"portable s512", portable<512>, portable_pbf16<512>},
-                               {"portable s0", portable<0>, portable_pbf16<0>}};
+    std::vector<Pair> pairs = {{"portable s512", portable<512>, p_bf16<portable<512>>},
+                               {"portable s0", portable<0>, p_bf16<portable<0>>}};
     if (ddtree::test::gpu_is_sm90())
-      for (const Pair& k : {Pair{"sm90 s512", sm90<512>, sm90_pbf16<512>}, Pair{"sm90 s0", sm90<0>, sm90_pbf16<0>},
-                            Pair{"sm90-plan s96", sm90_planned<96>, sm90_planned_pbf16<96>}})
+      for (const Pair& k : {Pair{"sm90 s512", sm90<512>, p_bf16<sm90<512>>}, Pair{"sm90 s0", sm90<0>, p_bf16<sm90<0>>},
+                            Pair{"sm90-plan s96", sm90_planned<96>, p_bf16<sm90_planned<96>>}})
         pairs.push_back(k);
     for (const Pair& k : pairs) {
       SCOPED_TRACE(std::string(c.name) + ", " + k.name);
