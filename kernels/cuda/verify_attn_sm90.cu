@@ -26,8 +26,9 @@
 //    (row maxima exchanged, P written) and an mbarrier wait for the tile. With p_precision DDT_ATTN_P_BF16 (the
 //    kPBf16 instantiations) P is hi alone: no P lo stores and one PV product per tile (here and on the narrow path).
 //  - Loads: the producer warpgroup (its registers given to the math warpgroups with setmaxnreg) fills the two
-//    KV stages as the math warps free them (mbarriers full / empty per stage): TMA, one copy per tile through
-//    a 3D tensor map (page_size and split_keys multiples of 64), else cp.async by its 128 threads (any page
+//    KV stages as the math warps free them (mbarriers empty per stage, full per group of 3 boxes: S waits for each
+//    group before its k-steps): TMA, one copy per group through a 3D tensor map (page_size and split_keys
+//    multiples of 64), else cp.async by its 128 threads (any page
 //    size; slots past the key range zero-filled). Per item it also computes the geometry and the page check and
 //    hands them to the math warps through a two-slot ring in shared memory, and loads Q by TMA (one copy: the
 //    latent 512 dims of 64 rows, or the narrow path's 16 rows x 576) once the math warps are done with the
@@ -72,6 +73,10 @@ constexpr int kBox = 64 * 128;              // one [64 rows][64 bf16] 128B-swizz
 constexpr int kQBytes = 8 * kBox;           // 65,536: Q's latent 512 dims
 constexpr int kKvBytes = 9 * kBox;          // 73,728: one KV tile (576 dims)
 constexpr int kPBytes = kBox;               //  8,192: P hi or P lo
+// A KV tile lands in kKvGroups groups of kGroupBoxes boxes (dims 0-191, 192-383, 384-575), each completing its own
+// full barrier, so S starts on the first group while the others land (docs/PERF_NOTES.md S59).
+constexpr int kKvGroups = 3, kGroupBoxes = 3;
+static_assert(kKvGroups * kGroupBoxes == 9, "the 9 boxes of a 576-dim KV tile");
 constexpr int kOffQ = 0, kOffKv = kQBytes, kOffPHi = kOffKv + 2 * kKvBytes, kOffPLo = kOffPHi + kPBytes;
 constexpr int kSmemUsed = kOffPLo + kPBytes;        // 229,376
 constexpr int kSmemBytes = kSmemUsed + 1024;        // + alignment slack of the dynamic base
@@ -162,19 +167,19 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
 }
-// A whole KV tile through the 3D map (encode_kv_map): box [9 chunks][64 rows][64 bf16] from row y, i.e. the
-// same 9 swizzled boxes one after another, in one instruction.
-__device__ __forceinline__ void tma_load_tile3d(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar) {
+// Boxes of a 3D map {64 dims, rows, chunks} from row y and chunk z: the KV map (encode_kv_map: box [3 chunks][64
+// rows][64 bf16], one group of a tile, i.e. the same swizzled boxes one after another) or Q's (encode_q_maps).
+__device__ __forceinline__ void tma_load_tile3d(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar, int z = 0) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar) : "memory");
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(z), "r"(bar) : "memory");
 }
-// The same tile with an L2 eviction priority (policy: l2_policy_evict_first's).
-__device__ __forceinline__ void tma_load_tile3d_hint(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar,
+// The same with an L2 eviction priority (policy: l2_policy_evict_first's).
+__device__ __forceinline__ void tma_load_tile3d_hint(uint32_t dst, const CUtensorMap* map, int y, uint32_t bar, int z,
                                                      uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(0), "r"(bar), "l"(policy) : "memory");
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(y), "r"(z), "r"(bar), "l"(policy) : "memory");
 }
 // The L2 policy of the hinted KV copies: evict_first, for tiles no other CTA reads (a request of one row tile:
 // its KV is read once per call), so the stream of KV does not push the split partials out of L2 before the
@@ -328,9 +333,9 @@ __device__ __forceinline__ int& narrow_mode_slot() {
   return mode;
 }
 
-// The KV pipeline: two stages; full[b] completes when stage b's tile has landed (TMA: one arrival with the
-// byte count; cp.async: one arrival per producer thread when its copies land), empty[b] when the 8 math warps
-// are done reading it. Parities: bit b = the parity of stage b's next completion, kept across items (every
+// The KV pipeline: two stages; full[b][g] completes when group g (kKvGroups) of stage b's tile has landed (TMA: one
+// arrival with the group's byte count; cp.async: one arrival per producer thread when its copies land, on every
+// group), empty[b] when the 8 math warps are done reading it. Parities: bit b = the parity of stage b's next completion, kept across items (every
 // tile of every item goes through the same two stages in order, tile kt in stage kt & 1).
 // Per item the producer also hands the math warps the item's geometry (ItemGeom incl. the page check) through
 // a ring of two slots (mbarriers info_full / info_empty per slot), and, with Q tensor maps (qtma), loads the
@@ -346,10 +351,19 @@ struct Pipe {
   uint32_t full, empty;  // shared addresses of the two mbarriers each (8 bytes apart)
   uint32_t info_full, info_empty, q_full, q_empty;
   bool tma;              // TMA (page_size and split_keys multiples of 64) or cp.async
-  bool tile3d;           // the map is 3D: one copy per tile (else 9 boxes of the 2D map)
+  bool tile3d;           // the map is 3D: one copy per group of a tile (else 9 boxes of the 2D map)
   bool qtma;             // Q by TMA from the producer (else cp.async by the math warps)
   bool kv_evict_first;   // KV copies of one-row-tile requests marked L2 evict_first (kv_l2_evict_first)
 };
+// Full barrier of KV group gr (kKvGroups per tile) of stage buf.
+__device__ __forceinline__ uint32_t full_bar(const Pipe& pipe, int buf, int gr) {
+  return pipe.full + 8u * uint32_t(kKvGroups * buf + gr);
+}
+// Waits until the whole KV tile of stage buf (every group) has landed; par: the stage's phase.
+__device__ __forceinline__ void wait_tile(const Pipe& pipe, int buf, uint32_t par) {
+#pragma unroll
+  for (int gr = 0; gr < kKvGroups; ++gr) mbar_wait(full_bar(pipe, buf, gr), par);
+}
 
 // The producer warpgroup's share of an item: wait until a stage is free, look up where the tile lives, issue
 // its copies. TMA: thread 256 alone, one copy (3D map) or 9 boxes of [64 keys][64 dims] from the tile's page
@@ -418,17 +432,22 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     const int64_t slot = (in ? int64_t(page) : 0) * p.page_size + (j - lpage * p.page_size);
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
-    const uint32_t bar = pipe.full + 8u * uint32_t(buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
+    const uint32_t bar = pipe.full + 8u * uint32_t(kKvGroups * buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
     if (pipe.tma) {
-      mbar_expect_tx(bar, uint32_t(kKvBytes));
-      if (pipe.tile3d) {
-        if (evict_first) tma_load_tile3d_hint(dst, pipe.map, int(slot), bar, kv_policy);
-        else tma_load_tile3d(dst, pipe.map, int(slot), bar);
-        DDT_PROF_CTA_AT(11, kThreads, true);
-      } else {
 #pragma unroll 1
-        for (int b = 0; b < 9; ++b) tma_load_box(dst + uint32_t(b * kBox), pipe.map, 64 * b, int(slot), bar);
+      for (int gr = 0; gr < kKvGroups; ++gr) {  // (group gr completes full barrier gr of the stage)
+        const uint32_t bar_g = bar + 8u * uint32_t(gr), dst_g = dst + uint32_t(gr * kGroupBoxes * kBox);
+        mbar_expect_tx(bar_g, uint32_t(kGroupBoxes * kBox));
+        if (pipe.tile3d) {
+          if (evict_first) tma_load_tile3d_hint(dst_g, pipe.map, int(slot), bar_g, gr * kGroupBoxes, kv_policy);
+          else tma_load_tile3d(dst_g, pipe.map, int(slot), bar_g, gr * kGroupBoxes);
+        } else {
+#pragma unroll 1
+          for (int b = 0; b < kGroupBoxes; ++b)
+            tma_load_box(dst_g + uint32_t(b * kBox), pipe.map, 64 * (gr * kGroupBoxes + b), int(slot), bar_g);
+        }
       }
+      DDT_PROF_CTA_AT(11, kThreads, true);
     } else {
       const uint16_t* src = p.kv_cache + slot * kDimQK;
 #pragma unroll 4
@@ -436,7 +455,8 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
         const int ch = half + 2 * i;
         cp_async16(dst + uint32_t((ch >> 3) * kBox) + sw128_off(row, ch & 7), src + ch * 8, in ? 16 : 0);
       }
-      cp_async_mbar_arrive(bar);
+#pragma unroll
+      for (int gr = 0; gr < kKvGroups; ++gr) cp_async_mbar_arrive(bar + 8u * uint32_t(gr));  // (all land together)
     }
   }
 #endif
@@ -517,10 +537,12 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S46)
       const int64_t k0 = kb + it * kKeys;
       DDT_PROF_COUNT(10);
-      mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
-      full_phase ^= 1u << buf;
-      if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       const int64_t past = k0 + kKeys - ke;
+      // (TMA: S^T waits for each group of boxes before its k-steps; the whole tile first where rows past the range
+      // are zeroed, and for cp.async, whose copies land together)
+      if (!pipe.tma || past > 0) wait_tile(pipe, buf, (full_phase >> buf) & 1u);
+      full_phase ^= 1u << buf;  // (the group waits below: the parity before this flip)
+      if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       // As the wide path: zero the rows TMA copied past the key range. (This loop and the mask below repeat the
       // wide path's on purpose: shared inline helpers for them changed the whole kernel's register allocation,
       // 92 / 124 -> 188 / 440 B of spills, checked with ptxas -v.)
@@ -541,15 +563,19 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       // S^T = K Q^T over the 576 dims.
       float s[kN / 2];
       reg_fence(s);
-      wgmma_fence();
       const uint64_t dk0 = sw128_desc(skv, 16, 1024), dq0 = sw128_desc(sq, 16, 1024);
 #pragma unroll
-      for (int st = 0; st < 36; ++st) {
-        const uint64_t offk = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
-        const uint64_t offq = uint64_t(((st >> 2) * kNBox + (st & 3) * 32) >> 4);
-        wgmma_narrow<kN, 0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
+      for (int gr = 0; gr < kKvGroups; ++gr) {  // (a group's k-steps once its boxes landed: one commit group each)
+        mbar_wait(full_bar(pipe, buf, gr), ((full_phase >> buf) & 1u) ^ 1u);  // (at once if the tile was waited for)
+        wgmma_fence();
+#pragma unroll
+        for (int st = 4 * kGroupBoxes * gr; st < 4 * kGroupBoxes * (gr + 1); ++st) {
+          const uint64_t offk = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
+          const uint64_t offq = uint64_t(((st >> 2) * kNBox + (st & 3) * 32) >> 4);
+          wgmma_narrow<kN, 0, 0>(s, dk0 + offk, dq0 + offq, st > 0);
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
       wgmma_wait_all();
       reg_fence(s);
       warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);  // this warp is done with the stage
@@ -658,7 +684,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 #pragma unroll 1
     for (int64_t it = 0; it < ntiles; ++it) {
       const int buf = __shfl_sync(0xFFFFFFFFu, int(it & 1), 0);  // (warp-uniform for ptxas: S46)
-      mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);  // (the tile's bytes visible here)
+      wait_tile(pipe, buf, (full_phase >> buf) & 1u);  // (the tile's bytes visible here)
       full_phase ^= 1u << buf;
       if (!pipe.tma) fence_proxy_async();  // cp.async (generic proxy) writes before wgmma reads them
       named_bar_sync(5 + buf);  // P^T and the rescale factors of tile it
@@ -886,9 +912,11 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       if (pipe.qtma) mbar_wait(pipe.q_full, q_parity);
       else cp_async_wait_all();
     }
-    mbar_wait(pipe.full + 8u * uint32_t(buf), (full_phase >> buf) & 1u);
-    full_phase ^= 1u << buf;
     const int64_t past = k0 + kKeys - ke;  // rows [64 - past, 64) lie past the key range
+    // (TMA: S waits for each group of boxes before its k-steps; the whole tile first where rows past the range are
+    // zeroed, and for cp.async, whose copies land together)
+    if (!pipe.tma || past > 0) wait_tile(pipe, buf, (full_phase >> buf) & 1u);
+    full_phase ^= 1u << buf;  // (the group waits below: the parity before this flip)
     if (pipe.tma && past > 0) {  // TMA copied them from the page (possibly NaN poison): zero them
       unsigned char* kvb = base + kOffKv + buf * kKvBytes;
       const int first = kKeys - int(past);
@@ -911,18 +939,23 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     // S = Q K_w^T, keys [32 wg, 32 wg + 32) of the tile.
     float s[16];
     reg_fence(s);
-    wgmma_fence();
     // Descriptors: the base ones plus compile-time (offset >> 4) steps (addresses stay below 256 KB, so the
     // 14-bit start field never carries).
     const uint64_t dq0 = sw128_desc(sq, 16, 1024), dk0 = sw128_desc(skv + uint32_t(wg * 4096), 16, 1024);
 #pragma unroll
-    for (int st = 0; st < 32; ++st) {
-      const uint64_t off = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
-      wgmma_m64n32k16_ss(s, dq0 + off, dk0 + off, st > 0);
-    }
+    for (int gr = 0; gr < kKvGroups; ++gr) {  // (a group's k-steps once its boxes landed: one commit group each)
+      mbar_wait(full_bar(pipe, buf, gr), ((full_phase >> buf) & 1u) ^ 1u);  // (at once if the tile was waited for)
+      wgmma_fence();
 #pragma unroll
-    for (int st = 0; st < 4; ++st) wgmma_m64n32k16_rs(s, qr[st], dk0 + uint64_t((8 * kBox + st * 32) >> 4), 1);
-    wgmma_commit();
+      for (int st = 4 * kGroupBoxes * gr; st < min(4 * kGroupBoxes * (gr + 1), 32); ++st) {
+        const uint64_t off = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
+        wgmma_m64n32k16_ss(s, dq0 + off, dk0 + off, st > 0);
+      }
+      if (gr == kKvGroups - 1)  // (the rope box is the last group's)
+#pragma unroll
+        for (int st = 0; st < 4; ++st) wgmma_m64n32k16_rs(s, qr[st], dk0 + uint64_t((8 * kBox + st * 32) >> 4), 1);
+      wgmma_commit();
+    }
     wgmma_wait_all();
     reg_fence(s);
     if (pipe.qtma && it == ntiles - 1) {  // this warp is done with Q: the producer may load the next item's
@@ -1101,7 +1134,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
                             const __grid_constant__ CUtensorMap q_map_wide,
                             const __grid_constant__ CUtensorMap q_map_narrow, int use_qtma, int kv_l2_evict_first,
                             const PlanHeader* plan, int64_t plan_capacity) {
-  // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per tile);
+  // use_tma: encode_kv_map's 0 (cp.async) / 1 (2D map, 9 boxes per tile) / 2 (3D map, one copy per group of 3 boxes);
   // use_qtma: 1 = the Q maps are valid (encode_q_maps), Q loads by the producer's TMA; 0 = cp.async;
   // kv_l2_evict_first: 1 = the TMA copies of KV tiles that only one CTA reads carry an L2 evict_first hint
   // (kv_evict_first_pays: the launcher's choice);
@@ -1116,15 +1149,16 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   DDT_PROF_CTA_NS(5);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
-  __shared__ __align__(8) uint64_t bars[10];  // full[2], empty[2], info_full[2], info_empty[2], q_full, q_empty
+  // full[2][kKvGroups], empty[2], info_full[2], info_empty[2], q_full, q_empty
+  constexpr int kF = 2 * kKvGroups;
+  __shared__ __align__(8) uint64_t bars[kF + 8];
   __shared__ ItemGeom info[2];
-  const Pipe pipe{&kv_map,         &q_map_wide,      &q_map_narrow,    info,          smem_u32(bars),
-                  smem_u32(bars + 2), smem_u32(bars + 4), smem_u32(bars + 6), smem_u32(bars + 8),
-                  smem_u32(bars + 9), use_tma != 0,    use_tma == 2,     use_qtma != 0, kv_l2_evict_first != 0};
+  const Pipe pipe{&kv_map,         &q_map_wide,          &q_map_narrow,         info,          smem_u32(bars),
+                  smem_u32(bars + kF), smem_u32(bars + kF + 2), smem_u32(bars + kF + 4), smem_u32(bars + kF + 6),
+                  smem_u32(bars + kF + 7), use_tma != 0,  use_tma == 2,          use_qtma != 0, kv_l2_evict_first != 0};
   if (threadIdx.x == 0) {  // made visible to all threads by run_flash_items' first barrier
     narrow_mode_slot() = narrow_mode;
-    mbar_init(pipe.full, pipe.tma ? 1 : 128);
-    mbar_init(pipe.full + 8, pipe.tma ? 1 : 128);
+    for (int b = 0; b < kF; ++b) mbar_init(pipe.full + 8u * uint32_t(b), pipe.tma ? 1 : 128);
     mbar_init(pipe.empty, kWarps);
     mbar_init(pipe.empty + 8, kWarps);
     mbar_init(pipe.info_full, 1);
@@ -1242,7 +1276,8 @@ FlashDeviceInfo device_info() {
 
 // The KV cache for TMA, boxes in the layout wgmma reads (128-byte swizzle, 1,024-byte aligned boxes of
 // [64 rows][64 dims]). Returns 2: a 3D map {64 dims, slots, 9 chunks} (strides 1,152 B per slot and 128 B
-// per chunk: the chunks of a row overlap the dims) whose box {64, 64, 9} is a whole tile, one copy per tile;
+// per chunk: the chunks of a row overlap the dims) whose box {64, 64, 3} is a group of a tile (kKvGroups copies per
+// tile);
 // 1: the 2D map [slots][576] with boxes of 64 x 64 (9 copies per tile), if the 3D encoding is refused;
 // 0: no TMA (driver entry point or both encodings unavailable; the launcher then takes the cp.async path,
 // which loads the same bytes into the same layout). DDTREE_SM90_TMA=0 forces 0, =9 forces the 2D map.
@@ -1297,7 +1332,7 @@ int encode_kv_map(CUtensorMap* map, const ddt_verify_attn_params& p) {
   if (!(env && env[0] == '9')) {
     const cuuint64_t dims[3] = {64, slots, 9};
     const cuuint64_t strides[2] = {cuuint64_t(kDimQK) * 2, 128};
-    const cuuint32_t box[3] = {64, 64, 9};
+    const cuuint32_t box[3] = {64, 64, kGroupBoxes};
     if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, kv, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
