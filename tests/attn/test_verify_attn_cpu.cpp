@@ -17,6 +17,7 @@
 
 #include "ddtree/kernels.h"
 #include "kernels/common/verify_attn_split.h"
+#include "tests/attn/attn_emulate.h"
 #include "tests/attn/attn_util.h"
 
 using namespace ddtree::test::attn;
@@ -152,6 +153,37 @@ TEST(VerifyAttnCpu, TwinComputesAtTheDefaultPrecisionForEitherPPrecision) {
   ASSERT_EQ(bf16.rc, DDT_OK);
   EXPECT_EQ(hilo.out, bf16.out);
   EXPECT_EQ(0, std::memcmp(hilo.lse.data(), bf16.lse.data(), hilo.lse.size() * 4));
+}
+
+// The bars themselves, on an emulated flash kernel (tests/attn/attn_emulate.h) over peaked problems of the sweep: P as
+// a bf16 hi + lo pair meets the default bar; P as one bf16 misses the default bar (so a kernel's bf16 mode cannot hide
+// under it) and meets the bf16-P bar (p_bf16_tol: the default bar plus 2^-8 sum_j p_j |v_jd| / l); P rounded to 5
+// significant bits (relative error up to 2^-5) misses the bf16-P bar (so its extra term is not loose enough to admit
+// a coarser rounding). The GPU kernels are held to the same bars in tests/gpu.
+TEST(VerifyAttnCpu, BarsAdmitTheirRoundingOfPAndRejectCoarser) {
+  struct C { const char* name; uint64_t seed; ReqSpec req; int heads, page; float q_scale; };
+  for (const C& c : {C{"T128_P1_peaky", 10, {1, 128, Shape::kRandom}, 8, 64, 6.0f},
+                     C{"T130_P31_H24_peaky", 24, {31, 130, Shape::kBushy}, 24, 32, 6.0f}}) {
+    SCOPED_TRACE(c.name);
+    Options o;
+    o.heads = c.heads;
+    o.page_size = c.page;
+    o.q_scale = c.q_scale;
+    const Problem p = make_problem(c.seed, {c.req}, o);
+    const Ref ref = brute_force(p);
+    const Result hilo_r = emulate(p, kHiLo), bf16 = emulate(p, kBf16), bits5 = emulate(p, kBits5);
+    const Report hilo = compare_to_ref(hilo_r.out, hilo_r.lse, ref, c.heads, Tol{});
+    const Report bf16_default = compare_to_ref(bf16.out, bf16.lse, ref, c.heads, Tol{});
+    const Report bf16_own = compare_to_ref(bf16.out, bf16.lse, ref, c.heads, p_bf16_tol());
+    const Report bits5_bf16_bar = compare_to_ref(bits5.out, bits5.lse, ref, c.heads, p_bf16_tol());
+    std::printf("  %s: hi + lo vs the bar: %s\n  bf16 vs the bar: %lld elements out; vs the bf16-P bar: %s\n  5 bits vs the "
+                "bf16-P bar: %lld elements out\n", c.name, hilo.str().c_str(), (long long)bf16_default.bad_elems,
+                bf16_own.str().c_str(), (long long)bits5_bf16_bar.bad_elems);
+    EXPECT_TRUE(hilo.ok) << hilo.str();
+    EXPECT_GT(bf16_default.bad_elems, 0);
+    EXPECT_TRUE(bf16_own.ok) << bf16_own.str();
+    EXPECT_GT(bits5_bf16_bar.bad_elems, 0);
+  }
 }
 
 // A row whose mask shows no key at all (P = 0, empty vis row): out 0, lse -inf. Padding rows likewise.
