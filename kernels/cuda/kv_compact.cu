@@ -4,10 +4,10 @@
 // CTAs). Thread 0 checks the request and lists its moves (kernels/common/kv_compact.h, the CPU twin's function) into
 // shared memory; then the rows move in rounds of 128 x 8 chunks (16 bytes, or 4 where row_bytes, layer_stride or kv
 // are not 16-byte multiples), chunks numbered layer-major, then move-major (move m, chunk w of its row): each thread
-// loads its chunks of the round, the CTA syncs, then stores them. That equals the one-by-one copies in increasing k: the only overlaps are a source slot
-// P + path[j] that a later move k (path[j] = k, j < k) writes, and a read of move j is numbered below the write of
-// move k at the same chunk, so it happens in an earlier round or before the same round's barrier; no move reads a
-// slot an earlier move wrote.
+// loads its chunks of the round, the CTA syncs, then stores them. That equals the one-by-one copies in increasing k:
+// the only overlaps are a source slot P + path[j] that a later move k (path[j] = k, j < k) writes, and a read of move
+// j is numbered below the write of move k at the same chunk, so it happens in an earlier round or before the same
+// round's barrier; no move reads a slot an earlier move wrote.
 // Remap (page_size 1): one warp per request; its lanes warm L1, then lane 0 swaps the page-table entries in increasing
 // k.
 // Both start with pdl_wait (the path comes from the accept kernel, the launch before on the stream).

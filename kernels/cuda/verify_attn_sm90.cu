@@ -335,8 +335,9 @@ __device__ __forceinline__ int& narrow_mode_slot() {
 
 // The KV pipeline: two stages; full[b][g] completes when group g (kKvGroups) of stage b's tile has landed (TMA: one
 // arrival with the group's byte count; cp.async: one arrival per producer thread when its copies land, on every
-// group), empty[b] when the 8 math warps are done reading it. Parities: bit b = the parity of stage b's next completion, kept across items (every
-// tile of every item goes through the same two stages in order, tile kt in stage kt & 1).
+// group), empty[b] when the 8 math warps are done reading it. Parities: bit b = the parity of stage b's next
+// completion, kept across items (every tile of every item goes through the same two stages in order, tile kt in stage
+// kt & 1).
 // Per item the producer also hands the math warps the item's geometry (ItemGeom incl. the page check) through
 // a ring of two slots (mbarriers info_full / info_empty per slot), and, with Q tensor maps (qtma), loads the
 // item's Q into the Q region by TMA as soon as the math warps are done with the previous item's Q (q_empty:
@@ -635,8 +636,8 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
         l_m = mnew;
       }
       // P = exp2(s - m) as bf16 hi + lo (kPBf16: hi alone) into P^T [row][key] of buffer buf (K-major,
-      // swizzled), f32 P for the row sums, the rescale factors for warpgroup 1. (Store offsets from an opaque copy of the thread
-      // index, recomputed each tile: hoisted out of the persistent loops they are spilled.)
+      // swizzled), f32 P for the row sums, the rescale factors for warpgroup 1. (Store offsets from an opaque copy of
+      // the thread index, recomputed each tile: hoisted out of the persistent loops they are spilled.)
       if (it >= 2) named_bar_sync(7 + buf);  // warpgroup 1's PV of tile it - 2 is done with buffer buf
       unsigned char* phi = base + kOffNP + buf * 2 * kNBox;
       unsigned char* plo = phi + kNBox;

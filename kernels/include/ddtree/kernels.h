@@ -252,13 +252,13 @@ float ddt_gumbel(uint64_t seed, int64_t position, int32_t token_id); /* the nois
  * DDT_ATTN_P_HILO (0, the default): the correctness bar of reference/mla-verify-attention.md for every kernel (the
  *   flash kernels feed P to the tensor cores as a bf16 pair hi + lo, two PV products).
  * DDT_ATTN_P_BF16 (1, opt-in: FlashMLA's precision): the flash kernels (portable and sm_90a) round each p_j to one
- *   bf16 (relative error <= 2^-8) and run one PV product, ~10% faster at T >= 8 (docs/BENCHMARKS.md). Its bar: out[row, h, d] within the
- *   bar plus 2^-8 x sum_j p_j |v_jd| / sum_j p_j of the exact value (the weights' rounding, summed over the keys
- *   at its worst; peaked rows whose output cancels are where it exceeds the bar), and the bar's cosine criterion
- *   (< 5e-6 over a result; measured 1.0-1.8e-6 on the tests' peaked problems); lse as in the default (row sums of
- *   the unrounded f32 weights). Batch invariance and chain node == single-node decode (FIDELITY rule E) hold within
- *   the mode; results differ between modes. The CPU twin and the oracle accept it and compute at the default
- *   precision (at least as precise). Other values: DDT_ERR_VALUE.
+ *   bf16 (relative error <= 2^-8) and run one PV product, ~10% faster at T >= 8 (docs/BENCHMARKS.md). Its bar:
+ *   out[row, h, d] within the bar plus 2^-8 x sum_j p_j |v_jd| / sum_j p_j of the exact value (the weights'
+ *   rounding, summed over the keys at its worst; peaked rows whose output cancels are where it exceeds the bar),
+ *   and the bar's cosine criterion (< 5e-6 over a result; measured 1.0-1.8e-6 on the tests' peaked problems); lse
+ *   as in the default (row sums of the unrounded f32 weights). Batch invariance and chain node == single-node decode
+ *   (FIDELITY rule E) hold within the mode; results differ between modes. The CPU twin and the oracle accept it and
+ *   compute at the default precision (at least as precise). Other values: DDT_ERR_VALUE.
  * ABI: p_precision (added 2026-11-30) made the struct 120 bytes (112 before); code built against an older header must
  * be rebuilt, or the library reads past the caller's struct. Zero-initialise the struct (`= {}` / memset) so that
  * fields added at its end later default to 0. */
