@@ -103,21 +103,9 @@ int sm90_planned_kernel(const ddt_verify_attn_params* p, void* stream) {
       p, g_split_keys, stream);
 }
 // --p-bf16: the same calls at p_precision DDT_ATTN_P_BF16.
-int portable_bf16_kernel(const ddt_verify_attn_params* p, void* stream) {
-  ddt_verify_attn_params q = *p;
-  q.p_precision = DDT_ATTN_P_BF16;
-  return portable_kernel(&q, stream);
-}
-int sm90_bf16_kernel(const ddt_verify_attn_params* p, void* stream) {
-  ddt_verify_attn_params q = *p;
-  q.p_precision = DDT_ATTN_P_BF16;
-  return sm90_kernel(&q, stream);
-}
-int sm90_planned_bf16_kernel(const ddt_verify_attn_params* p, void* stream) {
-  ddt_verify_attn_params q = *p;
-  q.p_precision = DDT_ATTN_P_BF16;
-  return sm90_planned_kernel(&q, stream);
-}
+constexpr auto portable_bf16_kernel = ddtree::test::with_p_bf16<portable_kernel>;
+constexpr auto sm90_bf16_kernel = ddtree::test::with_p_bf16<sm90_kernel>;
+constexpr auto sm90_planned_bf16_kernel = ddtree::test::with_p_bf16<sm90_planned_kernel>;
 // The sm_90a rows run only on a compute capability 9.0 GPU (the speedup cell also gives the ratio to the portable
 // kernel in the same run, and for sm90-plan the plan kernel's time); --sm90-only skips the portable row.
 const KernelRow kKernelRows[] = {{"oracle", ddt_verify_attn_cuda},

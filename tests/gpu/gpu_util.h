@@ -90,6 +90,14 @@ inline int verify_attn_sm90_planned_with_workspace(const ddt_verify_attn_params*
       p, split_keys, stream);
 }
 // Whether the current GPU runs the sm_90a kernel (compute capability 9.0).
+// A verify-attention entry (params, stream) at p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h):
+// with_p_bf16<entry> for the tests' and the benchmark's bf16-P rows.
+template <int (*kEntry)(const ddt_verify_attn_params*, void*)>
+int with_p_bf16(const ddt_verify_attn_params* p, void* stream) {
+  ddt_verify_attn_params q = *p;
+  q.p_precision = DDT_ATTN_P_BF16;
+  return kEntry(&q, stream);
+}
 inline bool gpu_is_sm90() {
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;

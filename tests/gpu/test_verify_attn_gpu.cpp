@@ -101,11 +101,7 @@ int sm90_planned(const ddt_verify_attn_params* p, void* stream) {
 }
 // A kernel entry at p_precision DDT_ATTN_P_BF16 (P as one bf16 before PV; kernels.h): p_bf16<portable<512>> etc.
 template <KernelFn kFn>
-int p_bf16(const ddt_verify_attn_params* p, void* stream) {
-  ddt_verify_attn_params q = *p;
-  q.p_precision = DDT_ATTN_P_BF16;
-  return kFn(&q, stream);
-}
+constexpr KernelFn p_bf16 = ddtree::test::with_p_bf16<kFn>;
 // Every kernel the GPU runs; the sm_90a ones are left out, with a printed note, off compute capability 9.0
 // (and Sm90KernelOnThisGpu reports that as a skip). The bf16-P ones are compared by their own bar (p_bf16_tol).
 const std::vector<Kernel>& kernels_under_test() {
