@@ -201,17 +201,19 @@ int main() {
           return std::string(buf);
         };
         // The startup in detail: median over the working CTAs of each stamp after the CTA's entry (us).
-        std::vector<double> st[7];
-        const int st_slot[7] = {7, 8, 1, 9, 10, 11, 2};
+        std::vector<double> st[10];
+        const int st_slot[10] = {7, 8, 1, 9, 10, 11, 2, 12, 13, 14};
         for (unsigned c = 0; c < grid; ++c) {
           if (cta[c][1] == 0) continue;
-          for (int k = 0; k < 7; ++k)
+          for (int k = 0; k < 10; ++k)
             if (cta[c][st_slot[k]] != 0) st[k].push_back((cta[c][st_slot[k]] - cta[c][0]) / 1980.0);
         }
         std::printf("|   %s startup (us after entry, median / max): offsets checked %s, scan done %s, math first item %s; "
-                    "producer: geometry %s, page check %s, first KV copy issued %s; first tile landed %s |\n",
+                    "producer: geometry %s, page check %s, published %s, Q issued %s, first slot known %s, first KV copy "
+                    "issued %s; first tile landed %s |\n",
                     label, med_max(st[0]).c_str(), med_max(st[1]).c_str(), med_max(st[2]).c_str(), med_max(st[3]).c_str(),
-                    med_max(st[4]).c_str(), med_max(st[5]).c_str(), med_max(st[6]).c_str());
+                    med_max(st[4]).c_str(), med_max(st[7]).c_str(), med_max(st[8]).c_str(), med_max(st[9]).c_str(),
+                    med_max(st[5]).c_str(), med_max(st[6]).c_str());
         // The combine after the main kernel (globaltimer ns, relative to the main kernel's first entry).
         long long c_in = 0, c_w0 = 0, c_w1 = 0, c_out = 0;
         int c_n = 0;

@@ -67,7 +67,8 @@ __device__ __forceinline__ unsigned* prof_first_mask() {
 // A per-CTA timeline (the sm_90a kernel): thread 0's clock64 at 0 entry, 1 first item, 2 first tile's bytes
 // landed, 3 last item done, 4 exit (first_only: kept from the first pass), and globaltimer ns at 5 entry, 6 exit;
 // the startup in detail (clock64, first pass): 7 node_offsets checked, 8 scan done (thread 0), 9 first item's
-// geometry, 10 its page check done, 11 its first KV copy issued (the producer's thread 256). The combine's
+// geometry, 10 its page check done, 11 its first KV copy issued (the producer's thread 256; between them 12 the
+// geometry published to the math warps, 13 Q's copy issued, 14 the first tile's slot known). The combine's
 // threads 0 stamp globaltimer ns in g_attn_comb: 0 entry, 1 after pdl_wait, 2 exit; and of the CTA schedule's first
 // item: 3 located, 4 M over the splits done, 5 warp 0's chain done, 6 every chain done (past the barrier), 7 the
 // slice written. The harness zeroes both before the launch.

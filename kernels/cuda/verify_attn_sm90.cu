@@ -403,10 +403,12 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     mbar_wait(pipe.info_empty + 8u * uint32_t(slot), ((empty_phase >> (2 + slot)) & 1u) ^ 1u);  // first use: passes
     pipe.info[slot] = g;
     mbar_arrive(pipe.info_full + 8u * uint32_t(slot));  // (release: the math warps read the slot after their wait)
+    DDT_PROF_CTA_AT(12, kThreads, true);
     if (q_load) {
       mbar_wait(pipe.q_empty, q_free_parity);
       issue_q();
     }
+    DDT_PROF_CTA_AT(13, kThreads, true);
   }
   empty_phase ^= (1u << 5) | (1u << (2 + slot));
   if (g.bad) return;
@@ -431,6 +433,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     // undefined results) must still not send a copy out of the cache. (Unplanned: checked above, rec null.)
     if (rec && (page < 0 || int64_t(page) >= p.num_pages)) page = 0;
     const int64_t slot = (in ? int64_t(page) : 0) * p.page_size + (j - lpage * p.page_size);
+    DDT_PROF_CTA_AT(14, kThreads, true);
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
     const uint32_t bar = pipe.full + 8u * uint32_t(kKvGroups * buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
@@ -967,28 +970,37 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     // Scale and mask: element (row, key) with key = k0 + 32 wg + 8 j + 2 c + e. The tile's visible keys as
     // 64-bit masks per row (bit i: key k0 + i): all ones inside the prefix; else prefix bits | the row's
     // ancestor bits shifted into place (two vis words, loaded together), cut at the range end.
-    uint64_t vm_a = ~uint64_t(0), vm_b = ~uint64_t(0);
-    if (!(k0 + kKeys <= q.prefix && k0 + kKeys <= ke)) {
+    float mxa = num::kNegInf, mxb = num::kNegInf;
+    if (k0 + kKeys <= q.prefix && k0 + kKeys <= ke) {  // a prefix tile: every key visible, no mask to apply
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = __fmul_rn(s[i], scale_log2);  // (explicit roundings: the narrow path
+#pragma unroll                                                        // repeats them)
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          mxa = fmaxf(mxa, s[4 * j + e]);
+          mxb = fmaxf(mxb, s[4 * j + 2 + e]);
+        }
+    } else {
       const int64_t t0 = k0 - q.prefix, n_in = ke - k0;  // tree index of the tile's key 0; range keys in the tile
       const uint64_t in_mask = n_in >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_in) - 1;
       const uint64_t pre_mask = t0 >= 0 ? 0 : (t0 <= -64 ? ~uint64_t(0) : (uint64_t(1) << -t0) - 1);
-      vm_a = ((va ? vis_window(vis_a, p.vis_words, t0) : 0) | pre_mask) & in_mask;
-      vm_b = ((vb ? vis_window(vis_b, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+      const uint64_t vm_a = ((va ? vis_window(vis_a, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+      const uint64_t vm_b = ((vb ? vis_window(vis_b, p.vis_words, t0) : 0) | pre_mask) & in_mask;
+      const uint32_t vis_wa = uint32_t(vm_a >> (32 * wg)), vis_wb = uint32_t(vm_b >> (32 * wg));  // this WG's keys
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int bit = 8 * j + 2 * c + e;
+          float& xa = s[4 * j + e];
+          float& xb = s[4 * j + 2 + e];
+          xa = (vis_wa >> bit) & 1u ? __fmul_rn(xa, scale_log2) : num::kNegInf;
+          xb = (vis_wb >> bit) & 1u ? __fmul_rn(xb, scale_log2) : num::kNegInf;
+          mxa = fmaxf(mxa, xa);
+          mxb = fmaxf(mxb, xb);
+        }
     }
-    const uint32_t vis_wa = uint32_t(vm_a >> (32 * wg)), vis_wb = uint32_t(vm_b >> (32 * wg));  // this WG's keys
-    float mxa = num::kNegInf, mxb = num::kNegInf;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int bit = 8 * j + 2 * c + e;
-        float& xa = s[4 * j + e];
-        float& xb = s[4 * j + 2 + e];
-        xa = (vis_wa >> bit) & 1u ? __fmul_rn(xa, scale_log2) : num::kNegInf;  // (explicit roundings: the
-        xb = (vis_wb >> bit) & 1u ? __fmul_rn(xb, scale_log2) : num::kNegInf;  // narrow path repeats them)
-        mxa = fmaxf(mxa, xa);
-        mxb = fmaxf(mxb, xb);
-      }
     mxa = fmaxf(mxa, __shfl_xor_sync(0xFFFFFFFFu, mxa, 1));
     mxa = fmaxf(mxa, __shfl_xor_sync(0xFFFFFFFFu, mxa, 2));
     mxb = fmaxf(mxb, __shfl_xor_sync(0xFFFFFFFFu, mxb, 1));
