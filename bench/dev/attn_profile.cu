@@ -41,7 +41,24 @@ int main() {
               "softmax | bar C | PV | mask+max | sum/tile | epilogue/item |\n|");
   for (int i = 0; i < 18; ++i) std::printf("---|");
   std::printf("\n");
-  for (const Shape sh : {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1}, Shape{2048, 64, 64}, Shape{2048, 1, 64}, Shape{131072, 1, 1}, Shape{32768, 64, 1}}) {
+  // ATTN_PROFILE_SHAPES="P,T,batch ...": these shapes instead of the default list
+  std::vector<Shape> shapes = {Shape{32768, 16, 32}, Shape{32768, 1, 32}, Shape{32768, 8, 1}, Shape{32768, 1, 1},
+                               Shape{2048, 64, 64},  Shape{2048, 1, 64},  Shape{131072, 1, 1}, Shape{32768, 64, 1}};
+  if (const char* env = std::getenv("ATTN_PROFILE_SHAPES")) {
+    shapes.clear();
+    for (const char* c = env; *c;) {
+      Shape sh{};
+      int used = 0;
+      if (std::sscanf(c, " %d,%d,%d%n", &sh.P, &sh.T, &sh.batch, &used) != 3 || sh.P < 0 || sh.T < 1 || sh.batch < 1) {
+        std::fprintf(stderr, "ATTN_PROFILE_SHAPES: expected \"P,T,batch ...\", got \"%s\"\n", c);
+        return 2;
+      }
+      shapes.push_back(sh);
+      c += used;
+      while (*c == ' ') ++c;
+    }
+  }
+  for (const Shape sh : shapes) {
     const int keys = sh.P + sh.T, max_pages = (keys + kPage - 1) / kPage, total = sh.batch * sh.T;
     const int64_t num_pages = int64_t(sh.batch) * max_pages;
     std::mt19937_64 rng(sh.P + sh.T);
