@@ -108,6 +108,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__
 // (cp_async16 / cp_async_commit / cp_async_wait_all: verify_attn_sched.cuh)
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy (wgmma reads).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Bulk copy shared -> global (bytes a multiple of 16, both 16-byte aligned), in this thread's bulk group.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's committed bulk copies have read their shared-memory source / have completed.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -356,6 +364,31 @@ struct Pipe {
   bool qtma;             // Q by TMA from the producer (else cp.async by the math warps)
   bool kv_evict_first;   // KV copies of one-row-tile requests marked L2 evict_first (kv_l2_evict_first)
 };
+// S65 (docs/PERF_NOTES.md): a split item of the wide path whose last tile sits in KV stage 1 (an even number of
+// tiles; TMA path) hands rows 0-31 of its f32 partial o to the producer through that stage: the math warps holding
+// them write the rows there (kStagedRowBytes apart: 2,064 B, so a warp's 16-byte stores to 8 rows are 4-way, the
+// minimum) and release the stage only then; the producer, which refills the stage next, bulk-copies them to the
+// workspace first (flush_staged). Rows 32-63 and (m, l) keep their direct stores. The same values at the same
+// addresses as the direct stores: the bits do not depend on the path.
+constexpr int kStagedRows = 32, kStagedRowBytes = kDimV * 4 + 16;
+static_assert(kStagedRows * kStagedRowBytes <= kKvBytes, "the staged partial rows fit in one KV stage");
+__device__ __forceinline__ bool stages_partials(const Pipe& pipe, bool is_split, int64_t ntiles) {
+  return pipe.tma && is_split && ntiles >= 2 && (ntiles & 1) == 0;
+}
+// The producer's record of rows staged in stage 1 and not yet copied out (rows 0: none).
+struct StagedRows {
+  int64_t prow0 = 0;  // workspace row of staged row 0
+  int rows = 0;
+};
+// One bulk copy per staged row, then until they have read the stage (the caller may refill it after this).
+__device__ __forceinline__ void flush_staged(StagedRows& st, float* ws_o, uint32_t sbase) {
+#pragma unroll 1
+  for (int i = 0; i < st.rows; ++i)
+    bulk_store(ws_o + (st.prow0 + i) * kDimV, sbase + uint32_t(kOffKv + kKvBytes + i * kStagedRowBytes), kDimV * 4);
+  bulk_commit();
+  bulk_wait_read();
+  st.rows = 0;
+}
 // Full barrier of KV group gr (kKvGroups per tile) of stage buf.
 __device__ __forceinline__ uint32_t full_bar(const Pipe& pipe, int buf, int gr) {
   return pipe.full + 8u * uint32_t(kKvGroups * buf + gr);
@@ -373,8 +406,11 @@ __device__ __forceinline__ void wait_tile(const Pipe& pipe, int buf, uint32_t pa
 // slots past the range zero-filled, completion tracked per thread on full[b] (cp.async.mbarrier.arrive).
 // rec: the item's planned record (a planned call: the geometry from it without global reads, its page check
 // verdict, the first tile's page for the TMA path), else null.
+// staged[0]: rows an earlier item left in stage 1 (S65), copied out before the stage is refilled; staged[1]: this
+// item's, which become staged[0] after its tiles (both in shared memory: the producer's registers are few).
 __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const PlanItem* rec,
-                             uint32_t sbase, const Pipe& pipe, uint32_t& empty_phase) {
+                             uint32_t sbase, const Pipe& pipe, uint32_t& empty_phase, float* ws_o,
+                             StagedRows* staged) {
 #if DDT_SM90_BODY
   // (No barrier with the math warps: the stages, the item's geometry and Q are handed over through mbarriers
   // alone, so the next item's geometry, Q and first tiles load while the math warps finish this one.)
@@ -413,6 +449,11 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   empty_phase ^= (1u << 5) | (1u << (2 + slot));
   if (g.bad) return;
   if (pipe.tma && pt != 0) return;
+  // (a wide split item of an even number of tiles leaves its rows 0-31 in stage 1: process_item's epilogue)
+  staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
+                                          stages_partials(pipe, g.is_split, g.ntiles)
+                                      ? int(g.rows_here < kStagedRows ? g.rows_here : kStagedRows)
+                                      : 0};
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
   const int64_t table_row = int64_t(g.q.r) * p.max_pages;
   // (evict_first where no other CTA of this call reads the tile: a request of one row tile; the 3D map's copy
@@ -436,6 +477,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_CTA_AT(14, kThreads, true);
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
+    if (buf == 1 && staged[0].rows > 0) flush_staged(staged[0], ws_o, sbase);  // (TMA only: pt 0 alone here)
     const uint32_t bar = pipe.full + 8u * uint32_t(kKvGroups * buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
     if (pipe.tma) {
 #pragma unroll 1
@@ -463,6 +505,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
       for (int gr = 0; gr < kKvGroups; ++gr) cp_async_mbar_arrive(bar + 8u * uint32_t(gr));  // (all land together)
     }
   }
+  if (staged[1].rows > 0) staged[0] = staged[1];  // (else an earlier item's rows may still wait in the stage)
 #endif
 }
 
@@ -900,6 +943,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   float m_a = num::kNegInf, m_b = num::kNegInf;  // running max (log2 units), rows ra / rb
   float l_a = 0.0f, l_b = 0.0f;                  // this thread's share of the row sums
 
+  const bool stage_o = stages_partials(pipe, is_split, ntiles);  // (S65: rows 0-31 of o out through stage 1)
   float acc[128];  // O[64 rows x dims 256 wg .. + 255]
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -1075,8 +1119,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     wgmma_commit();
     wgmma_wait_all();
     reg_fence(acc);
-    // The stage is free for the producer: one arrival per math warp, after its PV completed.
-    warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);
+    // The stage is free for the producer: one arrival per math warp, after its PV completed (a staging item's last
+    // tile: after the epilogue has written its rows into the stage, S65).
+    if (!(stage_o && it == ntiles - 1)) warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);
     DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
@@ -1111,8 +1156,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         ws_ml[(prow0 + r) * 2 + 1] = l;
       }
       // (positions, not dims: the dims 16 b + 2 c (+ 1) and 16 b + 8 + 2 c (+ 1) of this warpgroup's 256 are one
-      // float4 at position 16 b + 4 c, partial_pos)
-      float4* o = reinterpret_cast<float4*>(ws_o + (prow0 + r) * kDimV + 256 * wg + 4 * c);
+      // float4 at position 16 b + 4 c, partial_pos; rows 0-31 of a staging item into stage 1 at the same positions)
+      float4* o = stage_o && wv < 2
+                      ? reinterpret_cast<float4*>(base + kOffKv + kKvBytes + r * kStagedRowBytes) + 64 * wg + c
+                      : reinterpret_cast<float4*>(ws_o + (prow0 + r) * kDimV + 256 * wg + 4 * c);
 #pragma unroll
       for (int b = 0; b < 16; ++b)  // (16-dim block b)
         o[4 * b] = make_float4(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], acc[8 * b + 4 + 2 * half],
@@ -1132,10 +1179,22 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       }
     }
   }
+  if (stage_o) {  // (the loop's last tile withheld this release: the producer copies rows 0-31 out, then refills)
+    if (wv < 2) fence_proxy_async();
+    warp_arrive(pipe.empty + 8u, lane);
+  }
   DDT_PROF_LAP(12, tp);  // epilogue
 #endif
 }
 
+// The registers per thread of the producer and of the math warpgroups (setmaxnreg; 128 x producer + 256 x math <=
+// 64 K): the planned instantiations' producer needs 56 for S65's staged rows without spilling (the math warps then
+// fit 216 without spilling either); the unplanned ones keep 40 / 232 (their math warps' scheduler needs them).
+template <bool kPlanned> constexpr int kProducerRegs = kPlanned ? 56 : 40;
+template <bool kPlanned> constexpr int kMathRegs = kPlanned ? 216 : 232;
+static_assert(128 * kProducerRegs<true> + 256 * kMathRegs<true> <= 65536 &&
+                  128 * kProducerRegs<false> + 256 * kMathRegs<false> <= 65536,
+              "setmaxnreg: the CTA's registers fit the SM's 64 K");
 // One CTA per SM: math warpgroups 0 and 1 (threads 0 .. 255: S, softmax, PV, epilogue) and the producer
 // warpgroup 2 (threads 256 .. 383: the KV copies). Registers: 168 per thread at launch; the producer gives
 // back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
@@ -1191,18 +1250,27 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   int* scan_buf = reinterpret_cast<int*>(base + kOffPHi);
   if (threadIdx.x >= kThreads) {
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<kProducerRegs<kPlanned>>();
     uint32_t empty_phase = 0;
     const uint32_t sbase = smem_u32(base);
+    __shared__ StagedRows staged[2];  // (producer thread 256's, produce_item)
+    if (threadIdx.x == kThreads) staged[0] = staged[1] = StagedRows{};
     run_flash_items<kRows, true, kPlanned>(
         p, split_keys, scan_buf,
         [&](const Item& item, const PlanItem* rec) {
-          produce_item(p, split_keys, item, rec, sbase, pipe, empty_phase);
+          produce_item(p, split_keys, item, rec, sbase, pipe, empty_phase, ws_o, staged);
           __syncwarp();  // warp 8 converged again (on the TMA path lane 0 alone ran the tiles) before any barrier
         },
         plan, plan_capacity);
+    // The last staging item's rows (S65): once the math warps have written them (their release of stage 1), out,
+    // and every bulk copy complete before the CTA ends.
+    if (threadIdx.x == kThreads && staged[0].rows > 0) {
+      mbar_wait(pipe.empty + 8u, ((empty_phase >> 1) & 1u) ^ 1u);
+      flush_staged(staged[0], ws_o, sbase);
+    }
+    if (threadIdx.x == kThreads) bulk_wait_all();
   } else {
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<kMathRegs<kPlanned>>();
     uint32_t full_phase = 0;
     run_flash_items<kRows, false, kPlanned>(
         p, split_keys, scan_buf,
