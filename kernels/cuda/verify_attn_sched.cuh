@@ -15,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/numerics.h"
@@ -735,7 +736,11 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
       if (item.r < 0) break;
       const PlanItem* rec = nullptr;
       if constexpr (kPlanned) rec = round_plan() + k;
-      process(item, rec);
+      // (has_next: another item of this CTA's follows; at the round's last slot assumed, and always in unplanned
+      // calls. Every role reads the same list, so they agree. The sm_90a kernel's planned S65 staging asks.)
+      if constexpr (std::is_invocable_v<Process, const Item&, const PlanItem*, bool>)
+        process(item, rec, !kPlanned || k + 1 >= kMaxItemsPerCta || s_list[k + 1].r >= 0);
+      else process(item, rec);
     }
     // A list that did not fill (its items are blockIdx.x + j gridDim.x in increasing j) was this CTA's last:
     // leave without another scan (uniform: items never write s_list; every role reads the same entry). The

@@ -372,8 +372,10 @@ struct Pipe {
 // addresses as the direct stores: the bits do not depend on the path.
 constexpr int kStagedRows = 32, kStagedRowBytes = kDimV * 4 + 16;
 static_assert(kStagedRows * kStagedRowBytes <= kKvBytes, "the staged partial rows fit in one KV stage");
-__device__ __forceinline__ bool stages_partials(const Pipe& pipe, bool is_split, int64_t ntiles) {
-  return pipe.tma && is_split && ntiles >= 2 && (ntiles & 1) == 0;
+// Only in the planned instantiations (the unplanned producer spills with it) and for an item another item of the
+// CTA follows (the last one's copies would wait for its epilogue and lengthen the CTA's tail: batch 1 lost 2-5%).
+__device__ __forceinline__ bool stages_partials(const Pipe& pipe, bool is_split, int64_t ntiles, bool has_next) {
+  return pipe.tma && has_next && is_split && ntiles >= 2 && (ntiles & 1) == 0;
 }
 // The producer's record of rows staged in stage 1 and not yet copied out (rows 0: none).
 struct StagedRows {
@@ -408,9 +410,10 @@ __device__ __forceinline__ void wait_tile(const Pipe& pipe, int buf, uint32_t pa
 // verdict, the first tile's page for the TMA path), else null.
 // staged[0]: rows an earlier item left in stage 1 (S65), copied out before the stage is refilled; staged[1]: this
 // item's, which become staged[0] after its tiles (both in shared memory: the producer's registers are few).
+template <bool kStage>
 __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const PlanItem* rec,
                              uint32_t sbase, const Pipe& pipe, uint32_t& empty_phase, float* ws_o,
-                             StagedRows* staged) {
+                             StagedRows* staged, bool has_next) {
 #if DDT_SM90_BODY
   // (No barrier with the math warps: the stages, the item's geometry and Q are handed over through mbarriers
   // alone, so the next item's geometry, Q and first tiles load while the math warps finish this one.)
@@ -450,8 +453,9 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   if (g.bad) return;
   if (pipe.tma && pt != 0) return;
   // (a wide split item of an even number of tiles leaves its rows 0-31 in stage 1: process_item's epilogue)
+  if constexpr (kStage)
   staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
-                                          stages_partials(pipe, g.is_split, g.ntiles)
+                                          stages_partials(pipe, g.is_split, g.ntiles, has_next)
                                       ? int(g.rows_here < kStagedRows ? g.rows_here : kStagedRows)
                                       : 0};
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
@@ -477,7 +481,8 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_CTA_AT(14, kThreads, true);
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
-    if (buf == 1 && staged[0].rows > 0) flush_staged(staged[0], ws_o, sbase);  // (TMA only: pt 0 alone here)
+    if constexpr (kStage)
+      if (buf == 1 && staged[0].rows > 0) flush_staged(staged[0], ws_o, sbase);  // (TMA only: pt 0 alone here)
     const uint32_t bar = pipe.full + 8u * uint32_t(kKvGroups * buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
     if (pipe.tma) {
 #pragma unroll 1
@@ -505,7 +510,8 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
       for (int gr = 0; gr < kKvGroups; ++gr) cp_async_mbar_arrive(bar + 8u * uint32_t(gr));  // (all land together)
     }
   }
-  if (staged[1].rows > 0) staged[0] = staged[1];  // (else an earlier item's rows may still wait in the stage)
+  if constexpr (kStage)
+    if (staged[1].rows > 0) staged[0] = staged[1];  // (else an earlier item's rows may still wait in the stage)
 #endif
 }
 
@@ -836,8 +842,9 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
 // The math warpgroups' share of an item (threads 0 .. 255). base: the 1024-aligned shared-memory window
 // (generic pointer), red: [2 warpgroups][64 rows] f32 exchange; full_phase: see Pipe. kPBf16: P as one bf16
 // (DDT_ATTN_P_BF16: no P lo, one PV product), else the hi + lo pair.
-template <bool kPBf16>
-__device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, unsigned char* base,
+// kStage / has_next: S65's staged partial rows (stages_partials).
+template <bool kPBf16, bool kStage>
+__device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, bool has_next, unsigned char* base,
                              float* red, float* ws_o, float* ws_ml, const Pipe& pipe, uint32_t& full_phase) {
 #if DDT_SM90_BODY
   math_bar();  // every math warp is done with the previous item's P and red
@@ -943,7 +950,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
   float m_a = num::kNegInf, m_b = num::kNegInf;  // running max (log2 units), rows ra / rb
   float l_a = 0.0f, l_b = 0.0f;                  // this thread's share of the row sums
 
-  const bool stage_o = stages_partials(pipe, is_split, ntiles);  // (S65: rows 0-31 of o out through stage 1)
+  const bool stage_o = kStage && stages_partials(pipe, is_split, ntiles, has_next);  // (S65: rows 0-31 via stage 1)
   float acc[128];  // O[64 rows x dims 256 wg .. + 255]
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -1254,28 +1261,29 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     uint32_t empty_phase = 0;
     const uint32_t sbase = smem_u32(base);
     __shared__ StagedRows staged[2];  // (producer thread 256's, produce_item)
-    if (threadIdx.x == kThreads) staged[0] = staged[1] = StagedRows{};
+    if (kPlanned && threadIdx.x == kThreads) staged[0] = staged[1] = StagedRows{};
     run_flash_items<kRows, true, kPlanned>(
         p, split_keys, scan_buf,
-        [&](const Item& item, const PlanItem* rec) {
-          produce_item(p, split_keys, item, rec, sbase, pipe, empty_phase, ws_o, staged);
+        [&](const Item& item, const PlanItem* rec, bool has_next) {
+          if constexpr (kPlanned) produce_item<true>(p, split_keys, item, rec, sbase, pipe, empty_phase, ws_o, staged, has_next);
+          else produce_item<false>(p, split_keys, item, rec, sbase, pipe, empty_phase, nullptr, nullptr, false);
           __syncwarp();  // warp 8 converged again (on the TMA path lane 0 alone ran the tiles) before any barrier
         },
         plan, plan_capacity);
     // The last staging item's rows (S65): once the math warps have written them (their release of stage 1), out,
     // and every bulk copy complete before the CTA ends.
-    if (threadIdx.x == kThreads && staged[0].rows > 0) {
+    if (kPlanned && threadIdx.x == kThreads && staged[0].rows > 0) {
       mbar_wait(pipe.empty + 8u, ((empty_phase >> 1) & 1u) ^ 1u);
       flush_staged(staged[0], ws_o, sbase);
     }
-    if (threadIdx.x == kThreads) bulk_wait_all();
+    if (kPlanned && threadIdx.x == kThreads) bulk_wait_all();
   } else {
     setmaxnreg_inc<kMathRegs<kPlanned>>();
     uint32_t full_phase = 0;
     run_flash_items<kRows, false, kPlanned>(
         p, split_keys, scan_buf,
-        [&](const Item& item, const PlanItem*) {
-          process_item<kPBf16>(p, split_keys, item, base, red, ws_o, ws_ml, pipe, full_phase);
+        [&](const Item& item, const PlanItem*, bool has_next) {
+          process_item<kPBf16, kPlanned>(p, split_keys, item, has_next, base, red, ws_o, ws_ml, pipe, full_phase);
           DDT_PROF_CTA(3, false);
         },
         plan, plan_capacity);
