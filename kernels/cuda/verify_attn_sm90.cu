@@ -36,6 +36,9 @@
 //  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_narrow:
 //    rows as wgmma's N, 8 for requests of at most 8 rows, else 16; S^T = K Q^T and O^T = V^T P^T, warpgroup 0 S
 //    and softmax, warpgroup 1 PV), bitwise equal to the 64-row path above (docs/PERF_NOTES.md S14, S55).
+//  - Partials of split items: stored by the math warps, except (planned calls) rows 0-31 of an item whose last tile
+//    sits in KV stage 1 and that another item of the CTA follows: written into that stage and bulk-copied to the
+//    workspace by the producer before it refills the stage (S65, stages_partials).
 //  - Scheduling, checks, padding, poison, workspace and combine: exactly the portable kernel's
 //    (verify_attn_sched.cuh; persistent CTAs over items numbered request by request, split then row tile, the
 //    last split of a request of at most 128 rows and 32 splits listed after every other item: MainCounts).
@@ -1204,7 +1207,7 @@ static_assert(128 * kProducerRegs<true> + 256 * kMathRegs<true> <= 65536 &&
               "setmaxnreg: the CTA's registers fit the SM's 64 K");
 // One CTA per SM: math warpgroups 0 and 1 (threads 0 .. 255: S, softmax, PV, epilogue) and the producer
 // warpgroup 2 (threads 256 .. 383: the KV copies). Registers: 168 per thread at launch; the producer gives
-// back to 40 and the math warpgroups take 232 (setmaxnreg; 128 x 40 + 256 x 232 <= 64 K).
+// back to kProducerRegs and the math warpgroups take kMathRegs (setmaxnreg; above).
 // kPlanned: the instantiation of planned calls (plan non-null); the unplanned one compiles without the plan's code.
 // kPBf16: p_precision DDT_ATTN_P_BF16 (P as one bf16, one PV product), else the default hi + lo.
 template <bool kPlanned, bool kPBf16>
