@@ -455,9 +455,10 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   empty_phase ^= (1u << 5) | (1u << (2 + slot));
   if (g.bad) return;
   if (pipe.tma && pt != 0) return;
-  // (a wide split item of an even number of tiles leaves its rows 0-31 in stage 1: process_item's epilogue)
+  // (a wide split item of an even number of tiles leaves its rows 0-31 in stage 1: process_item's epilogue; on the
+  // cp.async path every producer thread writes rows 0 here: stages_partials needs TMA)
   if constexpr (kStage)
-  staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
+    staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
                                           stages_partials(pipe, g.is_split, g.ntiles, has_next)
                                       ? int(g.rows_here < kStagedRows ? g.rows_here : kStagedRows)
                                       : 0};
@@ -485,7 +486,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     mbar_wait(pipe.empty + 8u * uint32_t(buf), ((empty_phase >> buf) & 1u) ^ 1u);  // first use: passes
     empty_phase ^= 1u << buf;
     if constexpr (kStage)
-      if (buf == 1 && staged[0].rows > 0) flush_staged(staged[0], ws_o, sbase);  // (TMA only: pt 0 alone here)
+      if (buf == 1 && staged[0].rows > 0) flush_staged(staged[0], ws_o, sbase);  // (rows > 0: TMA, pt 0 alone)
     const uint32_t bar = pipe.full + 8u * uint32_t(kKvGroups * buf), dst = sbase + uint32_t(kOffKv + buf * kKvBytes);
     if (pipe.tma) {
 #pragma unroll 1
