@@ -895,6 +895,57 @@ TEST(VerifyAttnGpu, Sm90PlannedEqualsUnplannedBitwise) {
   std::printf("  planned == unplanned bitwise: %zu problems x 4 split lengths\n", problems.size());
 }
 
+// S65's staged partials (planned calls only: rows 0-31 of a split item whose last tile sits in KV stage 1 and that
+// another item of the CTA follows leave through that stage and the producer's bulk copies) against the unplanned
+// calls, which never stage: out, lse and status bitwise, both precisions. Many items per CTA (items b go to CTA b %
+// grid, grid = the SMs): (a) exactly 16 per CTA, so every CTA's last item sits at its round's last slot, where
+// has_next is assumed and the producer copies the last staged rows out at its exit; (b) 16 or 17 per CTA, across a
+// round boundary; (c) the mixed problem of Sm90ManyItemsPerCtaMixedPaths (narrow, wide, bad pages) at split 512
+// and 64 (one tile per split: nothing stages). Requests of 9-16 nodes (2 row tiles at H 8; the second has 8-64
+// rows, fewer than 32 for 9-11 nodes) and 1,601-1,990 keys (4 splits of 512: three of 8 tiles, the last of 2-8).
+TEST(VerifyAttnGpu, Sm90StagedPartialsEqualUnstagedBitwise) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  auto staged_problem = [&](uint64_t seed, int extra_requests) {
+    std::vector<ReqSpec> reqs;
+    const int n = 2 * sms + extra_requests;  // 8 items per request (4 splits x 2 row tiles): 16 per CTA, + extras
+    for (int i = 0; i < n; ++i)
+      reqs.push_back({1592 + (i * 7919) % 383, 9 + i % 8, i % 3 == 0 ? Shape::kChain : Shape::kBushy});
+    return make_problem(seed, reqs);
+  };
+  std::vector<std::pair<std::string, Problem>> problems;
+  problems.emplace_back("16 items per CTA", staged_problem(71, 0));
+  problems.emplace_back("16-17 items per CTA", staged_problem(72, 3));
+  {
+    Options o;
+    std::vector<ReqSpec> reqs;
+    const int kNodes[] = {1, 2, 3, 9, 1, 5};
+    for (int i = 0; i < 300; ++i)
+      reqs.push_back({100 + (i * 7919) % 600, kNodes[i % 6], i % 3 == 0 ? Shape::kChain : Shape::kBushy});
+    Problem mixed = make_problem(61, reqs, o);
+    for (int r : {7, 100, 233}) mixed.page_table[size_t(r) * mixed.max_pages + 1] = -3;
+    problems.emplace_back("mixed paths, bad pages", std::move(mixed));
+  }
+  const std::pair<KernelFn, KernelFn> pairs[] = {{sm90<512>, sm90_planned<512>},
+                                                 {p_bf16<sm90<512>>, p_bf16<sm90_planned<512>>},
+                                                 {sm90<64>, sm90_planned<64>}};
+  const char* names[] = {"split 512", "split 512, bf16 P", "split 64"};
+  for (const auto& [what, prob] : problems) {
+    for (int k = 0; k < 3; ++k) {
+      SCOPED_TRACE(what + ", " + names[k]);
+      const Result unstaged = run_gpu(prob, pairs[k].first), staged = run_gpu(prob, pairs[k].second);
+      const int differ = rows_differing(unstaged, staged);
+      std::printf("  %s, %d requests, %s: %d rows differ, status %u / %u\n", what.c_str(), prob.batch, names[k], differ,
+                  unstaged.status, staged.status);
+      EXPECT_EQ(unstaged.status, staged.status);
+      EXPECT_EQ(differ, 0);
+    }
+  }
+  // (the unplanned side is checked against the CPU twin by the sweep and Sm90ManyItemsPerCtaMixedPaths)
+}
+
 // The plan kernel against its CPU twin (ddt_verify_attn_sm90_plan_cpu): the header and every listed item, byte for
 // byte, on every sweep case, a bad page and malformed node_offsets, at four split lengths.
 TEST(VerifyAttnGpu, Sm90PlanKernelEqualsCpuTwin) {
