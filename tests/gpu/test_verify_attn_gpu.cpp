@@ -736,17 +736,20 @@ TEST(VerifyAttnGpu, BadPageInOneSplitPoisonsTheWholeRequest) {
 // GPU): 300 requests whose items take the narrow and the wide path in turn, three of them with a bad page, at
 // split 64 (~2,500 items) and 512. Against the CPU twin, and Q by the producer's TMA == Q by the math warps'
 // cp.async bitwise: the item handover ring and the Q region's reuse over long mixed sequences.
-TEST(VerifyAttnGpu, Sm90ManyItemsPerCtaMixedPaths) {
-  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
-  Options o;
-  o.heads = 8;
-  o.page_size = 64;
+// Its problem (also Sm90StagedPartialsEqualUnstagedBitwise's): H 8, page size 64.
+Problem mixed_paths_problem() {
   std::vector<ReqSpec> reqs;
   const int kNodes[] = {1, 2, 3, 9, 1, 5};  // 8 / 16 rows: narrow; 24 / 72 / 40 rows: wide (72: two row tiles)
   for (int i = 0; i < 300; ++i)
     reqs.push_back({100 + (i * 7919) % 600, kNodes[i % 6], i % 3 == 0 ? Shape::kChain : Shape::kBushy});
-  Problem p = make_problem(61, reqs, o);
+  Problem p = make_problem(61, reqs, Options{});
   for (int r : {7, 100, 233}) p.page_table[size_t(r) * p.max_pages + 1] = -3;  // (every request needs >= 2 pages)
+  return p;
+}
+TEST(VerifyAttnGpu, Sm90ManyItemsPerCtaMixedPaths) {
+  if (!ddtree::test::gpu_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU: the sm_90a kernel is not run";
+  const Options o;
+  const Problem p = mixed_paths_problem();
   const Result cpu = run_cpu(p);
   ASSERT_EQ(cpu.status, DDT_DATA_BAD_INDEX);
   for (KernelFn fn : {sm90<64>, sm90<512>}) {
@@ -918,16 +921,7 @@ TEST(VerifyAttnGpu, Sm90StagedPartialsEqualUnstagedBitwise) {
   std::vector<std::pair<std::string, Problem>> problems;
   problems.emplace_back("16 items per CTA", staged_problem(71, 0));
   problems.emplace_back("16-17 items per CTA", staged_problem(72, 3));
-  {
-    Options o;
-    std::vector<ReqSpec> reqs;
-    const int kNodes[] = {1, 2, 3, 9, 1, 5};
-    for (int i = 0; i < 300; ++i)
-      reqs.push_back({100 + (i * 7919) % 600, kNodes[i % 6], i % 3 == 0 ? Shape::kChain : Shape::kBushy});
-    Problem mixed = make_problem(61, reqs, o);
-    for (int r : {7, 100, 233}) mixed.page_table[size_t(r) * mixed.max_pages + 1] = -3;
-    problems.emplace_back("mixed paths, bad pages", std::move(mixed));
-  }
+  problems.emplace_back("mixed paths, bad pages", mixed_paths_problem());
   const std::pair<KernelFn, KernelFn> pairs[] = {{sm90<512>, sm90_planned<512>},
                                                  {p_bf16<sm90<512>>, p_bf16<sm90_planned<512>>},
                                                  {sm90<64>, sm90_planned<64>}};
