@@ -455,13 +455,15 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   empty_phase ^= (1u << 5) | (1u << (2 + slot));
   if (g.bad) return;
   if (pipe.tma && pt != 0) return;
-  // (a wide split item of an even number of tiles leaves its rows 0-31 in stage 1: process_item's epilogue; on the
-  // cp.async path every producer thread writes rows 0 here: stages_partials needs TMA)
+  // (a wide split item of an even number of tiles leaves its rows 0-31 in stage 1: process_item's epilogue; TMA
+  // only, where thread 256 alone gets here: stages_partials needs TMA, and the cp.async path's 128 threads would
+  // write the same zero without a barrier)
   if constexpr (kStage)
-    staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
-                                          stages_partials(pipe, g.is_split, g.ntiles, has_next)
-                                      ? int(g.rows_here < kStagedRows ? g.rows_here : kStagedRows)
-                                      : 0};
+    if (pipe.tma)
+      staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
+                                              stages_partials(pipe, g.is_split, g.ntiles, has_next)
+                                          ? int(g.rows_here < kStagedRows ? g.rows_here : kStagedRows)
+                                          : 0};
   const int row = pipe.tma ? 0 : pt >> 1, half = pt & 1;
   const int64_t table_row = int64_t(g.q.r) * p.max_pages;
   // (evict_first where no other CTA of this call reads the tile: a request of one row tile; the 3D map's copy
@@ -515,7 +517,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     }
   }
   if constexpr (kStage)
-    if (staged[1].rows > 0) staged[0] = staged[1];  // (else an earlier item's rows may still wait in the stage)
+    if (pipe.tma && staged[1].rows > 0) staged[0] = staged[1];  // (else an earlier item's rows may still wait there)
 #endif
 }
 
