@@ -249,6 +249,15 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_
       : "memory");
 }
 
+__device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+
 // D = dims [128 h, 128 h + 128) of a warpgroup's m64n256 accumulator (d[kOff ..], kOff = 64 h: the same thread and
 // element layout as the first / second half of the m64n256 fragment), B N-major from shared memory.
 template <int kOff>
@@ -261,12 +270,12 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss_tb(float (&d)[128], uint64_t
       : "memory");
 }
 
-// acc[kOff .. kOff + 63] *= alpha (rows a / b of the thread), then that half's P V k-steps issued and committed
-// (one commit group). dv: V's descriptor at the half's first dim. Only the half's registers are touched outside the
-// wgmmas, so the other half's group may be in flight (ptxas: no serialisation, checked by the ptxas test's C75xx grep).
-template <int kOff, bool kPBf16>
-__device__ __forceinline__ void pv_half(float (&acc)[128], float alpha_a, float alpha_b, uint64_t dphi, uint64_t dplo,
-                                        uint64_t dv) {
+// The bf16-P PV of one 128-dim half (S66): acc[kOff .. kOff + 63] *= alpha (rows a / b of the thread), then the
+// half's P V k-steps issued and committed (one commit group). dv: V's descriptor at the half's first dim. Only the
+// half's registers are touched outside the wgmmas, so the other half's group may be in flight (ptxas does not
+// serialise them: the ptxas check's C75xx grep).
+template <int kOff>
+__device__ __forceinline__ void pv_half(float (&acc)[128], float alpha_a, float alpha_b, uint64_t dp, uint64_t dv) {
 #pragma unroll
   for (int j = kOff / 4; j < kOff / 4 + 16; ++j) {
     acc[4 * j] *= alpha_a;
@@ -279,11 +288,7 @@ __device__ __forceinline__ void pv_half(float (&acc)[128], float alpha_a, float 
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kKeys / 16; ++ks)
-    wgmma_m64n128k16_ss_tb<kOff>(acc, dphi + uint64_t(ks * 2), dv + uint64_t(ks * 128), 1);
-  if constexpr (!kPBf16)
-#pragma unroll
-    for (int ks = 0; ks < kKeys / 16; ++ks)
-      wgmma_m64n128k16_ss_tb<kOff>(acc, dplo + uint64_t(ks * 2), dv + uint64_t(ks * 128), 1);
+    wgmma_m64n128k16_ss_tb<kOff>(acc, dp + uint64_t(ks * 2), dv + uint64_t(ks * 128), 1);
   wgmma_commit();
 }
 
@@ -1140,13 +1145,33 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     math_bar();  // (C) P complete
     DDT_PROF_LAP(8, tp);
 
-    // O_w = alpha O_w + P_hi V_w + P_lo V_w (kPBf16: no P_lo term), in two 128-dim halves: the second half's
-    // rescale runs while the first half's wgmmas do (S66). Per element the same products in the same order as one
-    // m64n256 chain: bits unchanged.
+    // O_w = alpha O_w + P_hi V_w + P_lo V_w (kPBf16: no P_lo term). kPBf16: in two 128-dim halves, the second half's
+    // rescale while the first half's wgmmas run (S66: 2-5% faster at T >= 16; the hi + lo instantiation measured 1%
+    // slower that way, its schedule and descriptors worse, so it keeps one m64n256 chain). Per element the same
+    // products in the same order either way: bits unchanged.
     const uint64_t dv0 = sw128_desc(skv + uint32_t(4 * wg * kBox), kBox, 1024);
     const uint64_t dphi = sw128_desc(sphi, 16, 1024), dplo = sw128_desc(splo, 16, 1024);
-    pv_half<0, kPBf16>(acc, alpha_a, alpha_b, dphi, dplo, dv0);
-    pv_half<64, kPBf16>(acc, alpha_a, alpha_b, dphi, dplo, dv0 + uint64_t((2 * kBox) >> 4));
+    if constexpr (kPBf16) {
+      pv_half<0>(acc, alpha_a, alpha_b, dphi, dv0);
+      pv_half<64>(acc, alpha_a, alpha_b, dphi, dv0 + uint64_t((2 * kBox) >> 4));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        acc[4 * j] *= alpha_a;
+        acc[4 * j + 1] *= alpha_a;
+        acc[4 * j + 2] *= alpha_b;
+        acc[4 * j + 3] *= alpha_b;
+      }
+      reg_fence(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kKeys / 16; ++ks)
+        wgmma_m64n256k16_ss_tb(acc, dphi + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
+#pragma unroll
+      for (int ks = 0; ks < kKeys / 16; ++ks)
+        wgmma_m64n256k16_ss_tb(acc, dplo + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
+      wgmma_commit();
+    }
     wgmma_wait_all();
     reg_fence(acc);
     // The stage is free for the producer: one arrival per math warp, after its PV completed (a staging item's last
