@@ -5,6 +5,7 @@
 // over the CTAs, thread 0's clock64) and the tensor rate in FMA per cycle per SM.
 //   s32      each warpgroup S for its 32 keys of the tile: 36 k-steps m64n32, both operands from shared memory
 //   s32rs    the same with the rope's 4 k-steps from registers (A = Q rope fragments: the kernel's form)
+//   s32rs8   the same with the last 8 k-steps from registers (S67: latent box 7 too)
 //   s64half  each warpgroup S for all 64 keys over half of the 576 dims: 18 k-steps m64n64
 //   s64one   warpgroup 0 S for the whole tile (36 k-steps m64n64), warpgroup 1 idle
 //   s64both  each warpgroup S for a whole tile of its own (FlashMLA's pairs: 2 tiles of S per period)
@@ -73,11 +74,11 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
 constexpr int kBox = 8192;                                 // [64 rows][64 bf16], 128B swizzle
 constexpr int kOffQ = 0, kOffKv = 9 * kBox, kOffP = 18 * kBox;  // Q 576 dims, one KV tile, P
 constexpr int kSmem = 200 * 1024;                          // > half of 227 KB: one CTA per SM
-enum Mode { S32, S32RS, S64HALF, S64ONE, S64BOTH, PV1, PV2, LOCK1, LOCK2, HALF1, HALF2, kModes };
-const char* kNames[kModes] = {"s32", "s32rs", "s64half", "s64one", "s64both", "pv1", "pv2", "lock1", "lock2", "half1", "half2"};
+enum Mode { S32, S32RS, S32RS8, S64HALF, S64ONE, S64BOTH, PV1, PV2, LOCK1, LOCK2, HALF1, HALF2, kModes };
+const char* kNames[kModes] = {"s32", "s32rs", "s32rs8", "s64half", "s64one", "s64both", "pv1", "pv2", "lock1", "lock2", "half1", "half2"};
 // FMA per tile per SM (both warpgroups).
 const double kS = 64.0 * 64 * 576, kPv = 64.0 * 64 * 512;
-const double kFma[kModes] = {kS, kS, kS, kS, 2 * kS, kPv, 2 * kPv, kS + kPv, kS + 2 * kPv, kS + kPv, kS + 2 * kPv};
+const double kFma[kModes] = {kS, kS, kS, kS, kS, 2 * kS, kPv, 2 * kPv, kS + kPv, kS + 2 * kPv, kS + kPv, kS + 2 * kPv};
 
 template <int kMode>
 __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycles, float* sink) {
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycl
   const long long t0 = clock64();
 #pragma unroll 1
   for (int t = 0; t < tiles; ++t) {
-    constexpr bool kS32 = kMode == S32 || kMode == S32RS || kMode == LOCK1 || kMode == LOCK2;
-    constexpr bool kRs = kMode == S32RS || kMode == LOCK1 || kMode == LOCK2;
+    constexpr bool kS32 = kMode == S32 || kMode == S32RS || kMode == S32RS8 || kMode == LOCK1 || kMode == LOCK2;
+    constexpr int kRs = kMode == S32RS8 ? 8 : (kMode == S32RS || kMode == LOCK1 || kMode == LOCK2) ? 4 : 0;
     constexpr bool kHalf = kMode == S64HALF || kMode == HALF1 || kMode == HALF2;
     constexpr int kPvSteps = (kMode == PV1 || kMode == LOCK1 || kMode == HALF1) ? 4
                              : (kMode == PV2 || kMode == LOCK2 || kMode == HALF2) ? 8 : 0;
@@ -127,13 +128,13 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycl
       reg_fence(s32);
       wgmma_fence();
 #pragma unroll
-      for (int st = 0; st < (kRs ? 32 : 36); ++st) {
+      for (int st = 0; st < 36 - kRs; ++st) {
         const uint64_t off = uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4);
         mma_m64n32k16_ss(s32, dq0 + off, dk0 + off, st > 0);
       }
-      if constexpr (kRs)
 #pragma unroll
-        for (int st = 0; st < 4; ++st) mma_m64n32k16_rs(s32, qr[st], dk0 + uint64_t((8 * kBox + st * 32) >> 4), 1);
+      for (int st = 36 - kRs; st < 36; ++st)
+        mma_m64n32k16_rs(s32, qr[st & 3], dk0 + uint64_t(((st >> 2) * kBox + (st & 3) * 32) >> 4), 1);
       wgmma_commit();
       wgmma_wait_all();
       reg_fence(s32);
@@ -209,6 +210,7 @@ int main() {
   std::printf("| variant | cycles | max | FMA / cycle / SM | of 2048 |\n|---|---|---|---|---|\n");
   run<S32>(sms, tiles, d_cycles, d_sink);
   run<S32RS>(sms, tiles, d_cycles, d_sink);
+  run<S32RS8>(sms, tiles, d_cycles, d_sink);
   run<S64HALF>(sms, tiles, d_cycles, d_sink);
   run<S64ONE>(sms, tiles, d_cycles, d_sink);
   run<S64BOTH>(sms, tiles, d_cycles, d_sink);
