@@ -21,9 +21,9 @@
 //    ancestor bits / key range), row max over its 32 keys, exchanged through shared memory (both warpgroups
 //    then take the same max of the two); P = exp2(s - m) as a bf16 pair hi + lo (as the portable kernel:
 //    bf16 P alone misses the element bar on peaked rows) into shared memory; then warpgroup w owns output
-//    dims [256 w, 256 w + 256): O_w = alpha O_w + P_hi V_w + P_lo V_w with wgmma m64n128k16, one 128-dim half after
-//    the other (A = P, K-major; B = V = the first 512 dims of the same KV tile, read N-major). Two barriers of the math warps per tile
-//    (row maxima exchanged, P written) and an mbarrier wait for the tile. With p_precision DDT_ATTN_P_BF16 (the
+//    dims [256 w, 256 w + 256): O_w = alpha O_w + P_hi V_w + P_lo V_w with wgmma m64n256k16 (A = P, K-major;
+//    B = V = the first 512 dims of the same KV tile, read N-major; kPBf16: two m64n128k16 halves, S66). Two
+//    barriers of the math warps per tile (row maxima exchanged, P written) and an mbarrier wait for the tile. With p_precision DDT_ATTN_P_BF16 (the
 //    kPBf16 instantiations) P is hi alone: no P lo stores and one PV product per tile (here and on the narrow path).
 //  - Loads: the producer warpgroup (its registers given to the math warpgroups with setmaxnreg) fills the two
 //    KV stages as the math warps free them (mbarriers empty per stage, full per group of 3 boxes: S waits for each
@@ -1146,9 +1146,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_LAP(8, tp);
 
     // O_w = alpha O_w + P_hi V_w + P_lo V_w (kPBf16: no P_lo term). kPBf16: in two 128-dim halves, the second half's
-    // rescale while the first half's wgmmas run (S66: 2-5% faster at T >= 16; the hi + lo instantiation measured 1%
-    // slower that way, its schedule and descriptors worse, so it keeps one m64n256 chain). Per element the same
-    // products in the same order either way: bits unchanged.
+    // rescale while the first half's wgmmas run (S66: at T >= 8 1% faster planned, 2% unplanned; the hi + lo
+    // instantiation measured 1% slower that way, its schedule and descriptors worse: one m64n256 chain). Per element
+    // the same products in the same order either way: bits unchanged.
     const uint64_t dv0 = sw128_desc(skv + uint32_t(4 * wg * kBox), kBox, 1024);
     const uint64_t dphi = sw128_desc(sphi, 16, 1024), dplo = sw128_desc(splo, 16, 1024);
     if constexpr (kPBf16) {
