@@ -13,6 +13,8 @@
 //   pv2      the same twice (P hi + P lo)
 //   lock1 / lock2    s32rs, then pv1 / pv2: the kernel's tensor work per tile in the bf16 / hi + lo modes
 //   half1 / half2    s64half, then pv1 / pv2
+//   pair1 / pair2    FlashMLA's pair without its softmax: each warpgroup S for a tile of its own (m64n64), then P V for
+//                    its 256 dims of both tiles (2 x pv1 / 2 x pv2); cycles per tile = per pair / 2
 // build: nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 bench/dev/wgmma_rate.cu -o wgmma_rate
 #include <cuda_runtime.h>
 
@@ -74,11 +76,14 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
 constexpr int kBox = 8192;                                 // [64 rows][64 bf16], 128B swizzle
 constexpr int kOffQ = 0, kOffKv = 9 * kBox, kOffP = 18 * kBox;  // Q 576 dims, one KV tile, P
 constexpr int kSmem = 200 * 1024;                          // > half of 227 KB: one CTA per SM
-enum Mode { S32, S32RS, S32RS8, S64HALF, S64ONE, S64BOTH, PV1, PV2, LOCK1, LOCK2, HALF1, HALF2, kModes };
-const char* kNames[kModes] = {"s32", "s32rs", "s32rs8", "s64half", "s64one", "s64both", "pv1", "pv2", "lock1", "lock2", "half1", "half2"};
+enum Mode { S32, S32RS, S32RS8, S64HALF, S64ONE, S64BOTH, PV1, PV2, LOCK1, LOCK2, HALF1, HALF2, PAIR1, PAIR2, kModes };
+const char* kNames[kModes] = {"s32", "s32rs", "s32rs8", "s64half", "s64one", "s64both", "pv1", "pv2", "lock1", "lock2", "half1", "half2", "pair1", "pair2"};
 // FMA per tile per SM (both warpgroups).
 const double kS = 64.0 * 64 * 576, kPv = 64.0 * 64 * 512;
-const double kFma[kModes] = {kS, kS, kS, kS, kS, 2 * kS, kPv, 2 * kPv, kS + kPv, kS + 2 * kPv, kS + kPv, kS + 2 * kPv};
+const double kFma[kModes] = {kS,       kS,           kS,       kS,           kS,       2 * kS,           kPv, 2 * kPv,
+                             kS + kPv, kS + 2 * kPv, kS + kPv, kS + 2 * kPv, 2 * (kS + kPv), 2 * (kS + 2 * kPv)};
+// Tiles per loop iteration (the pair variants: two).
+const int kTilesPerIter[kModes] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2};
 
 template <int kMode>
 __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycles, float* sink) {
@@ -122,7 +127,8 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycl
     constexpr int kRs = kMode == S32RS8 ? 8 : (kMode == S32RS || kMode == LOCK1 || kMode == LOCK2) ? 4 : 0;
     constexpr bool kHalf = kMode == S64HALF || kMode == HALF1 || kMode == HALF2;
     constexpr int kPvSteps = (kMode == PV1 || kMode == LOCK1 || kMode == HALF1) ? 4
-                             : (kMode == PV2 || kMode == LOCK2 || kMode == HALF2) ? 8 : 0;
+                             : (kMode == PV2 || kMode == LOCK2 || kMode == HALF2 || kMode == PAIR1) ? 8
+                             : kMode == PAIR2 ? 16 : 0;
     if constexpr (kS32) {
       const uint64_t dq0 = sw128_desc(sq, 16, 1024), dk0 = sw128_desc(skv + uint32_t(wg * 4096), 16, 1024);
       reg_fence(s32);
@@ -141,7 +147,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycl
       #pragma unroll
       for (int i = 0; i < 16; ++i) keep += s32[i];
     }
-    if constexpr (kHalf || kMode == S64ONE || kMode == S64BOTH) {
+    if constexpr (kHalf || kMode == S64ONE || kMode == S64BOTH || kMode == PAIR1 || kMode == PAIR2) {
       if (kMode != S64ONE || wg == 0) {
         const uint64_t dq0 = sw128_desc(sq, 16, 1024), dk0 = sw128_desc(skv, 16, 1024);
         constexpr int kSteps = kHalf ? 18 : 36;
@@ -194,8 +200,10 @@ void run(int sms, int tiles, long long* d_cycles, float* d_sink) {
   std::vector<long long> c(sms);
   cudaMemcpy(c.data(), d_cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost);
   std::sort(c.begin(), c.end());
-  const double med = double(c[sms / 2]) / tiles, mx = double(c[sms - 1]) / tiles;
-  std::printf("| %s | %.0f | %.0f | %.0f | %.2f |\n", kNames[kMode], med, mx, kFma[kMode] / med, kFma[kMode] / med / 2048.0);
+  const double per = double(tiles) * kTilesPerIter[kMode];  // cycles per 64-key tile
+  const double med = double(c[sms / 2]) / per, mx = double(c[sms - 1]) / per;
+  const double fma = kFma[kMode] / kTilesPerIter[kMode];
+  std::printf("| %s | %.0f | %.0f | %.0f | %.2f |\n", kNames[kMode], med, mx, fma / med, fma / med / 2048.0);
 }
 
 int main() {
@@ -220,5 +228,7 @@ int main() {
   run<LOCK2>(sms, tiles, d_cycles, d_sink);
   run<HALF1>(sms, tiles, d_cycles, d_sink);
   run<HALF2>(sms, tiles, d_cycles, d_sink);
+  run<PAIR1>(sms, tiles, d_cycles, d_sink);
+  run<PAIR2>(sms, tiles, d_cycles, d_sink);
   return 0;
 }
