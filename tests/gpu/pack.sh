@@ -13,14 +13,15 @@ cp "$build"/lib/libddtree_kernels.so .gpu-carry/lib/
 cp "$build"/tests/gpu/test_kernels_gpu "$build"/tests/gpu/test_fast_math_gpu "$build"/bench/bench_kernels \
   "$build"/bin/ddtree-demo .gpu-carry/
 cp "$build"/tests/gpu/test_verify_attn_gpu "$build"/bench/bench_verify_attn .gpu-carry/
-# Dev harnesses (bench/dev/tree_profile.cu, attn_profile.cu: per-stage clock64 profiles; smid_probe.cu: which SM
-# each CTA of a one-CTA-per-SM grid lands on), when PROFILE=1.
+# Dev harnesses (bench/dev/tree_profile.cu, attn_profile.cu: per-stage clock64 profiles; wgmma_rate.cu: the attention
+# kernel's wgmma shapes timed alone; smid_probe.cu: which SM each CTA of a one-CTA-per-SM grid lands on), when PROFILE=1.
 if [ "${PROFILE:-0}" = 1 ]; then
   nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/tree_profile.cu kernels/common/validate.cpp \
     kernels/cpu/topk_cpu.cpp kernels/cpu/tree_build_cpu.cpp -o .gpu-carry/tree_profile
   nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu kernels/common/validate.cpp \
     kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile
   nvcc -std=c++20 -arch=sm_90a -O2 bench/dev/smid_probe.cu -o .gpu-carry/smid_probe
+  nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 -I. bench/dev/wgmma_rate.cu -o .gpu-carry/wgmma_rate
   nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 -DATTN_PROFILE_SM90 -Ikernels/include -I. \
     bench/dev/attn_profile.cu kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o .gpu-carry/attn_profile_sm90
 fi

@@ -30,6 +30,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then TAIL=
 [ -x "$c/attn_profile" ] && TAIL=20 step attn_profile "$c/attn_profile"
 [ -x "$c/attn_profile_sm90" ] && TAIL=20 step attn_profile_sm90 "$c/attn_profile_sm90"
 [ -x "$c/smid_probe" ] && TAIL=8 step smid_probe "$c/smid_probe"
+[ -x "$c/wgmma_rate" ] && TAIL=18 step wgmma_rate "$c/wgmma_rate"
 # Tree-verify attention (issue 5): oracle vs CPU twin / brute force; the oracle's benchmark (SKIP_ATTN=1 skips
 # both, SKIP_BENCH=1 the benchmark; ATTN_BENCH_ARGS=--quick for the short table).
 if [ "${SKIP_ATTN:-0}" != 1 ]; then
