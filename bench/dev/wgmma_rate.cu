@@ -2,7 +2,8 @@
 // one CTA per SM (dynamic shared memory sized so), two warpgroups (the kernel's math warpgroups), shared memory
 // filled with random bf16, and per "tile" the wgmma sequence of one variant, committed and awaited, the two
 // warpgroups in step (bar.sync between phases, as the kernel's lockstep tile loop). Prints cycles per tile (median
-// over the CTAs, thread 0's clock64) and the tensor rate in FMA per cycle per SM.
+// over the CTAs, thread 0's clock64) and the tensor rate in FMA per cycle per SM. The two warpgroups read the same
+// shared-memory operands (one Q, one KV tile, one P): "a tile of its own" (s64both, pair*) means its own wgmmas.
 //   s32      each warpgroup S for its 32 keys of the tile: 36 k-steps m64n32, both operands from shared memory
 //   s32rs    the same with the rope's 4 k-steps from registers (A = Q rope fragments: the kernel's form)
 //   s32rs8   the same with the last 8 k-steps from registers (S67: latent box 7 too)
@@ -35,19 +36,19 @@ constexpr int kOffQ = 0, kOffKv = 9 * kBox, kOffP = 18 * kBox;  // Q 576 dims, o
 constexpr int kSmem = 200 * 1024;                          // > half of 227 KB: one CTA per SM
 enum Mode { S32, S32RS, S32RS8, S64HALF, S64ONE, S64BOTH, PV1, PV2, LOCK1, LOCK2, HALF1, HALF2, PAIR1, PAIR2, kModes };
 const char* kNames[kModes] = {"s32", "s32rs", "s32rs8", "s64half", "s64one", "s64both", "pv1", "pv2", "lock1", "lock2", "half1", "half2", "pair1", "pair2"};
-// FMA per tile per SM (both warpgroups).
+// FMA per loop iteration per SM (both warpgroups).
 const double kS = 64.0 * 64 * 576, kPv = 64.0 * 64 * 512;
 const double kFma[kModes] = {kS,       kS,           kS,       kS,           kS,       2 * kS,           kPv, 2 * kPv,
                              kS + kPv, kS + 2 * kPv, kS + kPv, kS + 2 * kPv, 2 * (kS + kPv), 2 * (kS + 2 * kPv)};
-// Tiles per loop iteration (the pair variants: two).
-const int kTilesPerIter[kModes] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2};
+// Tiles per loop iteration (s64both and the pair variants: two).
+const int kTilesPerIter[kModes] = {1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 2, 2};
 
 template <int kMode>
 __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int tid = threadIdx.x, wg = tid >> 7;
-  // random bf16 in [-1, 1): an LCG per 32-bit word
+  // random bf16 in [-0.5, 0.5): an LCG per 32-bit word
   uint32_t x = 12345u + 7919u * (tid + 256u * blockIdx.x);
   for (int i = tid; i < kOffP / 4 + kBox / 4; i += 256) {
     uint32_t v = 0;
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int tiles, long long* cycl
 #pragma unroll
   for (int st = 0; st < 4; ++st)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) qr[st][i] = 0x3C003C00u ^ (tid * 2654435761u + st * 97u + i);
+    for (int i = 0; i < 4; ++i) qr[st][i] = 0x3C003C00u ^ (tid * 2654435761u + st * 97u + i);  // (any bits: timing only)
   float s32[16], s64[32], acc[128];
 #pragma unroll
   for (int i = 0; i < 16; ++i) s32[i] = 0.0f;
@@ -149,7 +150,8 @@ template <int kMode>
 void run(int sms, int tiles, long long* d_cycles, float* d_sink) {
   cudaFuncSetAttribute(rate_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   for (int rep = 0; rep < 2; ++rep) rate_kernel<kMode><<<sms, 256, kSmem>>>(tiles, d_cycles, d_sink);  // (warm-up, then the one read)
-  cudaError_t e = cudaDeviceSynchronize();
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     std::printf("| %s | error %s |\n", kNames[kMode], cudaGetErrorString(e));
     return;
