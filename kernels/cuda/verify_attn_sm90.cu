@@ -212,19 +212,24 @@ __device__ __forceinline__ uint64_t vis_window(const uint64_t* row, int W, int64
   return sh ? (lo >> sh) | (hi << (64 - sh)) : lo;
 }
 
-// The bf16-P PV of one 128-dim half (S66): acc[kOff .. kOff + 63] *= alpha (rows a / b of the thread), then the
-// half's P V k-steps issued and committed (one commit group). dv: V's descriptor at the half's first dim. Only the
-// half's registers are touched outside the wgmmas, so the other half's group may be in flight (ptxas does not
-// serialise them: the ptxas check's C75xx grep).
-template <int kOff>
-__device__ __forceinline__ void pv_half(float (&acc)[128], float alpha_a, float alpha_b, uint64_t dp, uint64_t dv) {
+// The wide path's O rescale of acc[kBegin .. kEnd): the thread's row a (d[4 j], d[4 j + 1]) by alpha_a, row b by alpha_b.
+template <int kBegin, int kEnd>
+__device__ __forceinline__ void rescale_o(float (&acc)[128], float alpha_a, float alpha_b) {
 #pragma unroll
-  for (int j = kOff / 4; j < kOff / 4 + 16; ++j) {
+  for (int j = kBegin / 4; j < kEnd / 4; ++j) {
     acc[4 * j] *= alpha_a;
     acc[4 * j + 1] *= alpha_a;
     acc[4 * j + 2] *= alpha_b;
     acc[4 * j + 3] *= alpha_b;
   }
+}
+// The bf16-P PV of one 128-dim half (S66): acc[kOff .. kOff + 63] rescaled, then the half's P V k-steps issued and
+// committed (one commit group). dv: V's descriptor at the half's first dim. Only the half's registers are touched
+// outside the wgmmas, so the other half's group may be in flight (ptxas does not serialise them: the ptxas check's
+// C75xx grep).
+template <int kOff>
+__device__ __forceinline__ void pv_half(float (&acc)[128], float alpha_a, float alpha_b, uint64_t dp, uint64_t dv) {
+  rescale_o<kOff, kOff + 64>(acc, alpha_a, alpha_b);
 #pragma unroll
   for (int i = kOff; i < kOff + 64; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   wgmma_fence();
@@ -1069,13 +1074,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
       pv_half<0>(acc, alpha_a, alpha_b, dphi, dv0);
       pv_half<64>(acc, alpha_a, alpha_b, dphi, dv0 + uint64_t((2 * kBox) >> 4));
     } else {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        acc[4 * j] *= alpha_a;
-        acc[4 * j + 1] *= alpha_a;
-        acc[4 * j + 2] *= alpha_b;
-        acc[4 * j + 3] *= alpha_b;
-      }
+      rescale_o<0, 128>(acc, alpha_a, alpha_b);
       reg_fence(acc);
       wgmma_fence();
 #pragma unroll
