@@ -212,7 +212,8 @@ __device__ __forceinline__ uint64_t vis_window(const uint64_t* row, int W, int64
   return sh ? (lo >> sh) | (hi << (64 - sh)) : lo;
 }
 
-// The wide path's O rescale of acc[kBegin .. kEnd): the thread's row a (d[4 j], d[4 j + 1]) by alpha_a, row b by alpha_b.
+// The wide path's O rescale of acc[kBegin .. kEnd): the thread's row a (d[4 j], d[4 j + 1]) by alpha_a, row b
+// (d[4 j + 2], d[4 j + 3]) by alpha_b.
 template <int kBegin, int kEnd>
 __device__ __forceinline__ void rescale_o(float (&acc)[128], float alpha_a, float alpha_b) {
 #pragma unroll
