@@ -7,7 +7,8 @@
 # SOURCE_KERNEL picks the instantiation (template <bool kPlanned, bool kPBf16>): the default, ILb0ELb1E, is the
 # unplanned bf16-P one (the planned one runs the same tile loop). Writes under $OUT (default ./gpu-out), per library:
 # src_<lib>.csv.gz (one row per SASS instruction: its samples by stall reason), details_<lib>.txt (the sections'
-# tables) and prints the instructions with the most samples (bench/dev/ncu_source_top.py); the .ncu-rep.gz only with
+# tables) and prints the instructions with the most samples (bench/dev/ncu_source_top.py) and the samples by phase
+# (bench/dev/ncu_phases.py; SOURCE_SPLIT_KEYS: the split_keys SOURCE_ARGS sets, default 512); the .ncu-rep.gz only with
 # KEEP_REPORT=1 (the device tool returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,6 +35,7 @@ for lib in ${SOURCE_LIBS:-$libs}; do
   grep -E "^ +(Duration|Warp Cycles Per Issued Instruction|Stall [A-Za-z ]+|Issued Warp|No Eligible)" "$out/details_$lib.txt" | head -30
   if ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$out/src_$lib.csv" 2> "$out/src_$lib.err"; then
     python3 bench/dev/ncu_source_top.py "$out/src_$lib.csv" 40
+    python3 bench/dev/ncu_phases.py "$out/src_$lib.csv" "$shape" ${SOURCE_SPLIT_KEYS:-512}
   else
     echo "   (the source page did not export: $(head -c 300 "$out/src_$lib.err"))"
   fi
