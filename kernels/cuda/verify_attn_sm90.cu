@@ -307,16 +307,21 @@ __device__ __forceinline__ int& narrow_mode_slot() {
 // Per item the producer also hands the math warps the item's geometry (ItemGeom incl. the page check) through
 // a ring of two slots (mbarriers info_full / info_empty per slot), and, with Q tensor maps (qtma), loads the
 // item's Q into the Q region by TMA as soon as the math warps are done with the previous item's Q (q_empty:
-// after the last tile's S on the wide path, at the item's end on the narrow path, whose buffers share the
-// region), so neither the scalars' and page table's latency nor Q's sits at the start of an item.
-// Phase words (one per thread, bits): KV stages 0, 1; info slots 2, 3; Q 4; the next info slot 5.
+// after the last tile's S), so neither the scalars' and page table's latency nor Q's sits at the start of an item.
+// The narrow path keeps its scratch (P^T, f32 P, maxima, row sums) in the Q region beside Q^T until the item's end,
+// so the region has two releases (S70): q_empty once Q (Q^T) is no longer read (the wide path and the narrow
+// warpgroup 0 after the last tile's S; the narrow warpgroup 1, which never reads Q^T, at its item's start) and
+// qregion_empty at the narrow item's end (the wide path: with q_empty). The next item's Q^T overwrites only Q^T and
+// waits for q_empty alone; a wide Q covers the scratch and waits for both.
+// Phase words (one per thread, bits): KV stages 0, 1; info slots 2, 3; Q 4; the next info slot 5; the producer's
+// qregion_empty 6.
 struct Pipe {
   const CUtensorMap* map;
   const CUtensorMap* qmap_wide;    // q as {64 dims, rows, 8 chunks}: box {64, 64, 8} = Q's latent 8 boxes
   const CUtensorMap* qmap_narrow;  // q as {64 dims, rows, 9 chunks}: box {64, 16, 9} = the narrow Q^T boxes
   ItemGeom* info;                  // [2] (shared memory)
   uint32_t full, empty;  // shared addresses of the two mbarriers each (8 bytes apart)
-  uint32_t info_full, info_empty, q_full, q_empty;
+  uint32_t info_full, info_empty, q_full, q_empty, qregion_empty;
   bool tma;              // TMA (page_size and split_keys multiples of 64) or cp.async
   bool tile3d;           // the map is 3D: one copy per group of a tile (else 9 boxes of the 2D map)
   bool qtma;             // Q by TMA from the producer (else cp.async by the math warps)
@@ -382,13 +387,14 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   // as the previous item is done with the Q region, then the tiles: the math warps get the geometry as early as
   // possible, and Q, issued before the first tile's page lookup, lands before the first tile.
   const bool q_load = pipe.qtma && g.shape_ok;
-  const uint32_t q_free_parity = ((empty_phase >> 4) & 1u) ^ 1u;  // (first use: passes)
-  if (q_load) empty_phase ^= 1u << 4;
+  const bool narrow = narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows;
+  // (first use of each: passes; both barriers complete once per item that loads Q, so both parities flip for each)
+  const uint32_t q_free_parity = ((empty_phase >> 4) & 1u) ^ 1u, region_free_parity = ((empty_phase >> 6) & 1u) ^ 1u;
+  if (q_load) empty_phase ^= (1u << 4) | (1u << 6);
   auto issue_q = [&] {
     // The narrow path's Q^T [9 boxes][16 rows][64 dims] or the wide path's latent Q [8 boxes][64 rows][64
     // dims] (rows past the request: the next rows of q, or zeros past its end; their scores reach only their
     // own rows, which are never stored).
-    const bool narrow = narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows;
     mbar_expect_tx(pipe.q_full, narrow ? uint32_t(9 * kNBox) : uint32_t(kQBytes));
     tma_load_tile3d(sbase + uint32_t(narrow ? kOffNQ : kOffQ), narrow ? pipe.qmap_narrow : pipe.qmap_wide,
                     int(g.row0 + (narrow ? 0 : g.tile_row0)), pipe.q_full);
@@ -403,6 +409,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_CTA_AT(12, kThreads, true);
     if (q_load) {
       mbar_wait(pipe.q_empty, q_free_parity);
+      if (!narrow) mbar_wait(pipe.qregion_empty, region_free_parity);  // (a narrow item's scratch: S70)
       issue_q();
     }
     DDT_PROF_CTA_AT(13, kThreads, true);
@@ -415,7 +422,7 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   // write the same zero without a barrier)
   if constexpr (kStage)
     if (pipe.tma)
-      staged[1] = StagedRows{g.prow0, !(narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows) &&
+      staged[1] = StagedRows{g.prow0, !narrow &&
                                               stages_partials(pipe, g.is_split, g.ntiles, has_next)
                                           ? int(g.rows_here < kStagedRows ? g.rows_here : kStagedRows)
                                           : 0};
@@ -593,6 +600,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       wgmma_wait_all();
       reg_fence(s);
       warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);  // this warp is done with the stage
+      if (pipe.qtma && it == ntiles - 1) warp_arrive(pipe.q_empty, lane);  // ... and with Q^T (S70)
       DDT_PROF_LAP(5, tp);  // S^T
 
       // Scale and mask (the wide path's masks, per row), max over this thread's 2 keys, the 8 lanes of
@@ -686,10 +694,12 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
       }
       DDT_PROF_LAP(8, tp);  // barrier C and the row sums
     }
+    if (pipe.qtma && ntiles <= 0) warp_arrive(pipe.q_empty, lane);  // (no tile, no S^T: Q^T released here)
     lpart[ln * 8 + lw * 4 + lc] = l_part;
     if ((wt & 7) == 0) fin[2 * ln] = l_m;
   } else {
     // ---- warpgroup 1: O^T = alpha O^T + V^T P_hi^T + V^T P_lo^T (kPBf16: no P_lo term), all 512 dims ----
+    if (pipe.qtma) warp_arrive(pipe.q_empty, lane);  // (this warpgroup never reads Q^T; S70)
     float acc[8][kN / 2];  // O^T blocks: dims 64 b + 16 wv + g (+ 8)
 #pragma unroll
     for (int b = 0; b < 8; ++b)
@@ -770,8 +780,8 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
           p.out[(row0 + n) * kDimV + d] = uint16_t(num::f32_to_bf16(v * inv));
         }
     }
-    if (pipe.qtma) {  // this warp is done with the Q region (fin lives there): the next item's Q may load
-      warp_arrive(pipe.q_empty, lane);
+    if (pipe.qtma) {  // this warp is done with the Q region (fin lives there): the next item's wide Q may load
+      warp_arrive(pipe.qregion_empty, lane);
     }
     return;
   }
@@ -794,7 +804,7 @@ __device__ __forceinline__ void process_narrow(const ddt_verify_attn_params& p, 
   }
   if (tid == 0 && narrow_mode_slot() == 2) atomicOr(p.status, DDT_DATA_PROBE_NARROW);  // DDTREE_SM90_NARROW=probe
   if (pipe.qtma) {  // this warp is done with the Q region
-    warp_arrive(pipe.q_empty, lane);
+    warp_arrive(pipe.qregion_empty, lane);
   }
   DDT_PROF_LAP(12, tp);  // epilogue (warpgroup 0's view)
 #endif
@@ -841,6 +851,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     if (pipe.qtma && geo.shape_ok) {  // Q landed (no other copy may be in flight into the region) and is released
       mbar_wait(pipe.q_full, q_parity);
       warp_arrive(pipe.q_empty, lane);
+      warp_arrive(pipe.qregion_empty, lane);
     }
     if (tid == 0) atomicOr(p.status, DDT_DATA_BAD_INDEX);
     if (!is_split) fill_rows(p, row0 + tile_row0, row0 + tile_row0 + rows_here, kWarps, num::kBf16QuietNaN, nan);
@@ -976,6 +987,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     reg_fence(s);
     if (pipe.qtma && it == ntiles - 1) {  // this warp is done with Q: the producer may load the next item's
       warp_arrive(pipe.q_empty, lane);
+      warp_arrive(pipe.qregion_empty, lane);
     }
     DDT_PROF_LAP(5, tp);  // S (warp 0's warpgroup)
 
@@ -1096,6 +1108,7 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 
   if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: release Q here; split items always have a key)
     warp_arrive(pipe.q_empty, lane);
+    warp_arrive(pipe.qregion_empty, lane);
   }
 
   // Row sums: the quad's shares, then the two warpgroups' in a fixed order (through red).
@@ -1191,13 +1204,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   DDT_PROF_CTA_NS(5);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float red[2 * kRows];
-  // full[2][kKvGroups], empty[2], info_full[2], info_empty[2], q_full, q_empty
+  // full[2][kKvGroups], empty[2], info_full[2], info_empty[2], q_full, q_empty, qregion_empty
   constexpr int kF = 2 * kKvGroups;
-  __shared__ __align__(8) uint64_t bars[kF + 8];
+  __shared__ __align__(8) uint64_t bars[kF + 9];
   __shared__ ItemGeom info[2];
   const Pipe pipe{&kv_map,         &q_map_wide,          &q_map_narrow,         info,          smem_u32(bars),
                   smem_u32(bars + kF), smem_u32(bars + kF + 2), smem_u32(bars + kF + 4), smem_u32(bars + kF + 6),
-                  smem_u32(bars + kF + 7), use_tma != 0,  use_tma == 2,          use_qtma != 0, kv_l2_evict_first != 0};
+                  smem_u32(bars + kF + 7), smem_u32(bars + kF + 8), use_tma != 0,  use_tma == 2,          use_qtma != 0, kv_l2_evict_first != 0};
   if (threadIdx.x == 0) {  // made visible to all threads by run_flash_items' first barrier
     narrow_mode_slot() = narrow_mode;
     for (int b = 0; b < kF; ++b) mbar_init(pipe.full + 8u * uint32_t(b), pipe.tma ? 1 : 128);
@@ -1209,6 +1222,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     mbar_init(pipe.info_empty + 8, kWarps);
     mbar_init(pipe.q_full, 1);
     mbar_init(pipe.q_empty, kWarps);
+    mbar_init(pipe.qregion_empty, kWarps);
     mbar_init_fence();
     if (pipe.tma) tma_prefetch_map(pipe.map);
     if (pipe.qtma) {
