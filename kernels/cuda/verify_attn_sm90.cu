@@ -1106,7 +1106,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
   }
 
-  if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: release Q here; split items always have a key)
+  if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: Q landed (its phase consumed) and released here; split items
+    mbar_wait(pipe.q_full, q_parity);  // always have a key, so no item gets here today)
     warp_arrive(pipe.q_empty, lane);
     warp_arrive(pipe.qregion_empty, lane);
   }
