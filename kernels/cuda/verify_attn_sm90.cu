@@ -97,7 +97,8 @@ static_assert(kCtaThreads - kThreads == 2 * kRows, "cp.async KV loader: 2 produc
 static_assert(kDimQK == 576 && kDimV == 512, "tiling assumes 512 latent + 64 rope dims");
 static_assert(2 * kPBytes >= kScanBufInts * 4, "the request scan (kScanBufInts) fits the P buffers");
 // The narrow path (requests of at most kNarrowRows rows; process_narrow): rows are wgmma's N. Its buffers
-// live in the wide path's Q region (the item's first math_bar separates items of either path):
+// live in the wide path's Q region (the item's first math_bar separates the math warps' items of either path; the
+// producer's Q copies into the region wait for q_empty / qregion_empty: Pipe):
 constexpr int kNarrowRows = 16;                      // wgmma N: T 1 at H 8 / 16, T 2 at H 8
 constexpr int kNBox = kNarrowRows * 128;             // 2,048: one [16 rows][64 bf16] 128B-swizzled box
 constexpr int kOffNQ = kOffQ;                        // Q^T: 9 boxes (576 dims), 18,432
@@ -384,7 +385,8 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
   DDT_PROF_CTA_AT(9, kThreads, true);
   const int pt = int(threadIdx.x) - kThreads;  // 0 .. 127
   // The geometry and page check to the math warps first, then Q by TMA (once per item of a good shape) as soon
-  // as the previous item is done with the Q region, then the tiles: the math warps get the geometry as early as
+  // as the previous item is done with what this Q overwrites (a narrow Q^T: the previous Q; a wide Q: the whole
+  // region, a narrow item's scratch included), then the tiles: the math warps get the geometry as early as
   // possible, and Q, issued before the first tile's page lookup, lands before the first tile.
   const bool q_load = pipe.qtma && g.shape_ok;
   const bool narrow = narrow_mode_slot() != 0 && g.n_rows <= kNarrowRows;
@@ -408,6 +410,9 @@ __device__ void produce_item(const ddt_verify_attn_params& p, int split_keys, co
     mbar_arrive(pipe.info_full + 8u * uint32_t(slot));  // (release: the math warps read the slot after their wait)
     DDT_PROF_CTA_AT(12, kThreads, true);
     if (q_load) {
+      // (This order matters: q_empty's phase for the previous Q-loading item completes only after that item started,
+      // so every item before it has ended and qregion_empty is at most one phase behind the wait below; waited the
+      // other way round, a wide item after two narrow ones could pass on a stale phase.)
       mbar_wait(pipe.q_empty, q_free_parity);
       if (!narrow) mbar_wait(pipe.qregion_empty, region_free_parity);  // (a narrow item's scratch: S70)
       issue_q();
