@@ -170,6 +170,23 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// Whether the phase of parity `parity` of bar has completed, without waiting (S72c).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r) : "r"(bar), "r"(parity) : "memory");
+  return r != 0;
+}
+// The OR of pred over math warpgroup wg's 128 threads (named barrier 3 + wg with a reduction; every thread of the
+// warpgroup calls it): the same value in all of them, so a warpgroup-wide choice may depend on it (S72c).
+__device__ __forceinline__ bool wg_any(int wg, bool pred) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r) : "r"(uint32_t(pred)), "r"(3 + wg) : "memory");
+  return r != 0;
+}
 // Brings the tensor map (a kernel parameter) into the TMA unit's descriptor cache before its first use.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -957,7 +974,9 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         *reinterpret_cast<uint4*>(kvb + (ch >> 3) * kBox + sw128_off(r, ch & 7)) = make_uint4(0, 0, 0, 0);
       }
     }
-    fence_proxy_async();
+    // (the generic-proxy writes before S's wgmma reads: cp.async's copies of the tile or of Q, the zeroed rows; a TMA
+    // tile needs none, and P's stores were fenced before barrier C of the previous tile: S72)
+    if (!pipe.tma || past > 0 || (it == 0 && !pipe.qtma)) fence_proxy_async();
     DDT_PROF_LAP(2, tp);  // waiting for the tile's bytes
     DDT_PROF_CTA(2, true);
     // (A) Q's cp.async copies (first tile) and the zeroed rows (last tile) visible to every math warp. Other
@@ -974,6 +993,16 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     // Descriptors: the base ones plus compile-time (offset >> 4) steps (addresses stay below 256 KB, so the
     // 14-bit start field never carries).
     const uint64_t dq0 = sw128_desc(sq, 16, 1024), dk0 = sw128_desc(skv + uint32_t(wg * 4096), 16, 1024);
+    // The previous tile's PV is in flight (S72). If this tile's first group has landed (the warpgroup's common
+    // verdict: the wgmma waits below must be uniform), S's first group is issued behind the PV and the previous stage
+    // released once the PV is done (wait_group 1); else the PV is waited for and the stage released first, so its
+    // refill never waits for this tile (S72b's loss at T 8).
+    const bool s_behind_pv =
+        it > 0 && wg_any(wg, mbar_test(full_bar(pipe, buf, 0), ((full_phase >> buf) & 1u) ^ 1u));
+    if (it > 0 && !s_behind_pv) {
+      wgmma_wait<0>();
+      warp_arrive(pipe.empty + 8u * uint32_t(buf ^ 1), lane);
+    }
 #pragma unroll
     for (int gr = 0; gr < kKvGroups; ++gr) {  // (a group's k-steps once its boxes landed: one commit group each)
       mbar_wait(full_bar(pipe, buf, gr), ((full_phase >> buf) & 1u) ^ 1u);  // (at once if the tile was waited for)
@@ -987,9 +1016,14 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 #pragma unroll
         for (int st = 0; st < 4; ++st) wgmma_m64n32k16_rs(s, qr[st], dk0 + uint64_t((8 * kBox + st * 32) >> 4), 1);
       wgmma_commit();
+      if (gr == 0 && s_behind_pv) {  // the previous tile's PV, left in flight under this S's first group (S72): once
+        wgmma_wait<1>();             // it is done, its stage is free for the producer
+        warp_arrive(pipe.empty + 8u * uint32_t(buf ^ 1), lane);
+      }
     }
     wgmma_wait_all();
     reg_fence(s);
+    reg_fence(acc);
     if (pipe.qtma && it == ntiles - 1) {  // this warp is done with Q: the producer may load the next item's
       warp_arrive(pipe.q_empty, lane);
       warp_arrive(pipe.qregion_empty, lane);
@@ -1103,13 +1137,15 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
         wgmma_m64n256k16_ss_tb(acc, dplo + uint64_t(ks * 2), dv0 + uint64_t(ks * 128), 1);
       wgmma_commit();
     }
-    wgmma_wait_all();
-    reg_fence(acc);
-    // The stage is free for the producer: one arrival per math warp, after its PV completed (a staging item's last
-    // tile: after the epilogue has written its rows into the stage, S65).
-    if (!(stage_o && it == ntiles - 1)) warp_arrive(pipe.empty + 8u * uint32_t(buf), lane);
-    DDT_PROF_LAP(11, tp);  // PV (warp 0's warpgroup)
+    // (PV(t) stays in flight: the next tile's S is issued behind it and its wait covers both; the stage is released
+    // there. S72)
+    DDT_PROF_LAP(11, tp);  // PV issued (warp 0's warpgroup)
   }
+  // The last tile's PV; its stage is free for the producer once it completed (a staging item's last tile: after the
+  // epilogue has written its rows into the stage, S65).
+  wgmma_wait_all();
+  reg_fence(acc);
+  if (ntiles > 0 && !stage_o) warp_arrive(pipe.empty + 8u * uint32_t((ntiles - 1) & 1), lane);
 
   if (pipe.qtma && ntiles <= 0) {  // (no tile, no S: Q landed (its phase consumed) and released here; split items
     mbar_wait(pipe.q_full, q_parity);  // always have a key, so no item gets here today)
