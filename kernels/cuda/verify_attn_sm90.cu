@@ -23,9 +23,10 @@
 //    bf16 P alone misses the element bar on peaked rows) into shared memory; then warpgroup w owns output
 //    dims [256 w, 256 w + 256): O_w = alpha O_w + P_hi V_w + P_lo V_w with wgmma m64n256k16 (A = P, K-major;
 //    B = V = the first 512 dims of the same KV tile, read N-major; kPBf16: two m64n128k16 halves, S66). Two
-//    barriers of the math warps per tile (row maxima exchanged, P written) and an mbarrier wait for the tile. With
-//    p_precision DDT_ATTN_P_BF16 (the kPBf16 instantiations) P is hi alone: no P lo stores and one PV product per
-//    tile (here and on the narrow path).
+//    barriers of the math warps per tile (row maxima exchanged, P written) and an mbarrier wait for the tile; a
+//    tile's PV stays in flight under the next tile's S where that tile has landed (S72c). With p_precision
+//    DDT_ATTN_P_BF16 (the kPBf16 instantiations) P is hi alone: no P lo stores and one PV product per tile (here and
+//    on the narrow path).
 //  - Loads: the producer warpgroup (its registers given to the math warpgroups with setmaxnreg) fills the two
 //    KV stages as the math warps free them (mbarriers empty per stage, full per group of 3 boxes: S waits for each
 //    group before its k-steps): TMA, one copy per group through a 3D tensor map (page_size and split_keys
