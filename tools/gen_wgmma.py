@@ -23,10 +23,11 @@ namespace ddtree::kern::sm90 {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }
 // Until at most kPending of this warpgroup's committed groups are still in flight (the older ones complete).
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(kPending) : "memory"); }
+// Until every committed group has completed.
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous region.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
