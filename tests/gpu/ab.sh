@@ -2,7 +2,8 @@
 # A same-run A/B of the tree-verify attention kernels on the GPU machine, in one device call: (unless
 # SKIP_TESTS=1) every GPU test of tests/gpu/run.sh on the new library, then the full sm90 table (planned and
 # unplanned) for the base library (.gpu-carry/base/lib: BASE_LIB=<dir holding libddtree_kernels.so> at pack time)
-# and the new one back to back, a second sample of SHAPES (P,T,batch ...) alternating base / new, the portable
+# and the new one back to back, a second sample of SHAPES (P,T,batch ...) alternating base / new (SECOND_ROUNDS=N: N
+# of them, medians in the summary), the portable
 # kernel's quick table for both (SKIP_PORTABLE=1 skips it; SKIP_SM90=1 skips the sm90 tables), and the stamped profile of the new library when
 # packed with PROFILE=1. Variants (VARIANTS="name=<lib dir> ..." at pack time: .gpu-carry/variants/<name>/lib)
 # are timed beside them in the same call, each after the new build's attention GPU tests run against its library
@@ -54,11 +55,15 @@ if [ "${SKIP_SM90:-0}" != 1 ]; then
     LD_LIBRARY_PATH=$(libdir $lib) timeout 180 "$c/bench_verify_attn" --sm90-only --plan $extra > "$out/sm90_$lib.txt" 2>&1
     echo "sm90 table, $lib: exit $? at $(elapsed)"
   done
-  for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
-    for lib in $libs; do
-      extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
-      LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan $extra --shape "$shape" 2>&1 |
-        grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
+  # (SECOND_ROUNDS=N: N rounds over SHAPES, the libraries alternating in each; the summary prints each shape's median and
+  # its samples: for changes of 1-2 us on the batch-1 shapes, whose single samples vary by about that much)
+  for round in $(seq "${SECOND_ROUNDS:-1}"); do
+    for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
+      for lib in $libs; do
+        extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
+        LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan $extra --shape "$shape" 2>&1 |
+          grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
+      done
     done
   done > "$out/second.txt"
   echo "second samples at $(elapsed)"

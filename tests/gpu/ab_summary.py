@@ -4,6 +4,7 @@ and over batch 1 (planned and unplanned; also over T 1 and T >= 8 apart), the se
 any result not checked against the host reference. Only the standard library: it runs on the GPU machine."""
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def main(out):
             lib, rest = line.split(" ", 1)
             m = ROW.match(rest)
             if m and m.group(4) == "sm90-plan":
-                second.setdefault(tuple(map(int, m.groups()[:3])), {})[lib] = float(m.group(5))
+                second.setdefault(tuple(map(int, m.groups()[:3])), {}).setdefault(lib, []).append(float(m.group(5)))
     for lib in others:
         f = out / f"sm90_{lib}.txt"
         if not f.exists():
@@ -86,10 +87,12 @@ def main(out):
                 print(f"geomean {lib} / base time, {kernel}, {name}: {geomean(r):.4f} over {len(r)} shapes "
                       f"(T 1 {geomean(r1):.4f}, T >= 8 {geomean(r8):.4f})")
         if second:
-            print(f"second samples, planned us (base / {lib}):")
+            print(f"second samples, planned us (base / {lib}; with SECOND_ROUNDS > 1 the medians, then the samples):")
             for k, v in second.items():
                 if "base" in v and lib in v:
-                    print(f"  P {k[0]} T {k[1]} b {k[2]}: {v['base']} / {v[lib]} ({v[lib] / v['base']:.3f})")
+                    b0, n0 = statistics.median(v["base"]), statistics.median(v[lib])
+                    each = f" [{', '.join(map(str, v['base']))} / {', '.join(map(str, v[lib]))}]" if len(v[lib]) > 1 else ""
+                    print(f"  P {k[0]} T {k[1]} b {k[2]}: {b0} / {n0} ({n0 / b0:.3f}){each}")
     for lib in others:  # P as one bf16 against hi + lo, the same library and run (bench --p-bf16)
         files = [out / f"{t}_{lib}.txt" for t in ("sm90", "portable")]
         lines = [line for f in files if f.exists() for line in f.read_text().splitlines()]
