@@ -55,8 +55,8 @@ if [ "${SKIP_SM90:-0}" != 1 ]; then
     LD_LIBRARY_PATH=$(libdir $lib) timeout 180 "$c/bench_verify_attn" --sm90-only --plan $extra > "$out/sm90_$lib.txt" 2>&1
     echo "sm90 table, $lib: exit $? at $(elapsed)"
   done
-  # (SECOND_ROUNDS=N: N rounds over SHAPES, the libraries alternating in each; the summary prints each shape's median and
-  # its samples: for changes of 1-2 us on the batch-1 shapes, whose single samples vary by about that much)
+  # (SECOND_ROUNDS=N: N rounds over SHAPES, the libraries alternating in each; the summary prints each shape's median
+  # and its samples: for changes of 1-2 us on the batch-1 shapes, whose single samples vary by about that much)
   for round in $(seq "${SECOND_ROUNDS:-1}"); do
     for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
       for lib in $libs; do

@@ -91,7 +91,9 @@ def main(out):
             for k, v in second.items():
                 if "base" in v and lib in v:
                     b0, n0 = statistics.median(v["base"]), statistics.median(v[lib])
-                    each = f" [{', '.join(map(str, v['base']))} / {', '.join(map(str, v[lib]))}]" if len(v[lib]) > 1 else ""
+                    each = ""
+                    if len(v[lib]) > 1:
+                        each = f" [{', '.join(map(str, v['base']))} / {', '.join(map(str, v[lib]))}]"
                     print(f"  P {k[0]} T {k[1]} b {k[2]}: {b0} / {n0} ({n0 / b0:.3f}){each}")
     for lib in others:  # P as one bf16 against hi + lo, the same library and run (bench --p-bf16)
         files = [out / f"{t}_{lib}.txt" for t in ("sm90", "portable")]
