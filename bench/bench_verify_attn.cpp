@@ -9,6 +9,7 @@
 //
 // usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] [--contiguous] [--chain]
 //                          [--portable-only] [--sm90-only] [--plan] [--p-bf16] [--split-keys N] [--shape P,T,batch]
+//                          [--workspace-scale X]
 //   --page N           tokens per KV page (default 64)
 //   --contiguous       physical pages in logical order (default: a random permutation of the pages)
 //   --chain            every tree a chain: the causal case (default: random bushy trees)
@@ -21,6 +22,9 @@
 //                      the hi + lo row's in the same run; checked against the bf16-P bar, p_bf16_tol)
 //   --split-keys N     the flash kernels' split length (portable and sm_90a; default 512; 0: never split)
 //   --shape P,T,batch  that one shape only (for a profiler: ncu -k ... bench_verify_attn --shape 32768,1,1)
+//   --workspace-scale X  allocate the flash kernels' workspace at X (>= 1) times what a call needs: two libraries
+//                      whose partial rows differ in size (S73: 1,544 against 2,056 bytes) then allocate alike, so the
+//                      buffers allocated after it lie at the same addresses (default 1)
 //   --quick            P in {2k, 32k} x T in {1, 8, 16, 64}, fixed batch, and batch 1 at P = 32k
 //   --min-fraction F   exit 1 if the portable kernel's fraction of the roofline is below F on a shape
 //                      (default 0: no floor; the oracle is never held to it)
@@ -346,6 +350,7 @@ int main(int argc, char** argv) {
     else if (a == "--plan") g_plan_rows = true;
     else if (a == "--p-bf16") g_p_bf16_rows = true;
     else if (a == "--split-keys" && i + 1 < argc) g_split_keys = std::atoi(argv[++i]);
+    else if (a == "--workspace-scale" && i + 1 < argc) ddtree::test::g_workspace_scale = std::atof(argv[++i]);
     else if (a == "--shape" && i + 1 < argc && std::sscanf(argv[i + 1], "%d,%d,%d", &one_P, &one_T, &one_batch) == 3) {
       shape_given = true;
       ++i;
@@ -353,11 +358,15 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: bench_verify_attn [--quick] [--min-fraction F] [--max-est-s S] [--page N] "
                            "[--contiguous] [--chain] [--no-flush] [--portable-only] [--sm90-only] [--plan] "
-                           "[--p-bf16] [--split-keys N] [--shape P,T,batch]\n");
+                           "[--p-bf16] [--split-keys N] [--shape P,T,batch] [--workspace-scale X]\n");
       return 2;
     }
   }
   if (g_page < 1) { std::fprintf(stderr, "bench_verify_attn: --page must be >= 1\n"); return 2; }
+  if (!(ddtree::test::g_workspace_scale >= 1.0 && ddtree::test::g_workspace_scale <= 16.0)) {
+    std::fprintf(stderr, "bench_verify_attn: --workspace-scale must be in [1, 16]\n");
+    return 2;
+  }
   if (shape_given &&
       (one_P < 0 || one_P > (1 << 20) || one_T < 1 || one_T > kMaxT || one_batch < 1 || one_batch > 1024)) {
     std::fprintf(stderr, "bench_verify_attn: --shape P,T,batch needs 0 <= P <= 2^20, 1 <= T <= %d, 1 <= batch <= 1024\n",
