@@ -3,13 +3,16 @@
 # compute-sanitizer's memory checker, on the GPU machine (its Firecracker runtime runs both:
 # .library/device/KINDS.md). Expects .gpu-carry from tests/gpu/pack.sh. Usage there:
 #   [NCU_SHAPES="P,T,batch ..."] [BYTES_SHAPES="P,T,batch ..."] [SKIP_NCU=1] [SKIP_BYTES=1] [SKIP_MEMCHECK=1] \
+#     [BYTES_LIBS="new base <variant> ..."] [BYTES_ARGS="--plan ..."] [BYTES_KERNEL=regex] [BYTES_LAUNCHES=N] \
 #     bench/dev/ncu_attn.sh
 # ncu: the first launch of the sm_90a main kernel (the unplanned instantiation: the same tile loop as the planned
 # one) of bench_verify_attn --sm90-only --shape P,T,batch, clocks left alone (--clock-control none, METHOD.md);
 # full reports in $OUT/ncu_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
 # writes and L2 read sectors (all sources), against the call's KV bytes (batch x (P + T) x 1,152 B): whether the row tiles
 # of one request (T x H > 64 rows) share each KV tile's DRAM read through L2 (the issue's "tiles that share a KV
-# chunk share its load"). memcheck: the attention GPU tests that feed
+# chunk share its load"). The bytes table takes, for each library of BYTES_LIBS (default new; base and variants as
+# ab.sh packs them), the median of BYTES_LAUNCHES (default 1) launches of BYTES_KERNEL (default the main kernel; e.g.
+# verify_attn_sm90_kernelILb1ELb0E, the planned hi + lo one, with BYTES_ARGS=--plan), each alone and from cold caches. memcheck: the attention GPU tests that feed
 # bad pages, bad indices, NaN scores, too wide trees, stale and refused plans and host errors, under compute-sanitizer (a fault or an
 # out-of-bounds access fails the run: --error-exitcode). Writes under $OUT (default ./gpu-out).
 set -uo pipefail
@@ -32,33 +35,42 @@ if [ "${SKIP_NCU:-0}" != 1 ]; then
   done
 fi
 if [ "${SKIP_BYTES:-0}" != 1 ]; then
-  echo "| shape | kernel us | KV MB | DRAM read MB | DRAM read / KV | DRAM write MB | L2 reads MB | L2 reads / KV |"
-  echo "|---|---|---|---|---|---|---|---|"
-  for shape in ${BYTES_SHAPES:-32768,16,32 32768,64,32 2048,64,64 2048,128,64 32768,64,1}; do
-    f="$out/bytes_${shape//,/_}.csv"
-    timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --kernel-name regex:verify_attn_sm90_kernel --launch-count 1 \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum \
-      --csv --print-units base "$c/bench_verify_attn" --sm90-only --shape "$shape" > "$f" 2>&1
-    python3 - "$shape" "$f" <<'PY'
-import csv, sys
-shape, path = sys.argv[1], sys.argv[2]
+  echo "| lib | shape | launches | kernel us (min-max) | KV MB | DRAM read MB | DRAM read / KV | DRAM write MB | L2 reads MB | L2 reads / KV | L2 writes MB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  for lib in ${BYTES_LIBS:-new}; do
+    case $lib in base) ld=$c/base/lib ;; new) ld=$c/lib ;; *) ld=$c/variants/$lib/lib ;; esac
+    for shape in ${BYTES_SHAPES:-32768,16,32 32768,64,32 2048,64,64 2048,128,64 32768,64,1}; do
+      f="$out/bytes_${lib}_${shape//,/_}.csv"
+      LD_LIBRARY_PATH=$ld DDTREE_KERNELS_LIB=$ld/libddtree_kernels.so timeout "${NCU_TIMEOUT:-150}" ncu \
+        --clock-control none --kernel-name "regex:${BYTES_KERNEL:-verify_attn_sm90_kernel}" \
+        --launch-count "${BYTES_LAUNCHES:-1}" \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum \
+        --csv --print-units base "$c/bench_verify_attn" --sm90-only ${BYTES_ARGS:-} --shape "$shape" > "$f" 2>&1
+      python3 - "$lib" "$shape" "$f" <<'PY'
+import csv, statistics, sys
+from collections import defaultdict
+lib, shape, path = sys.argv[1], sys.argv[2], sys.argv[3]
 P, T, b = (int(x) for x in shape.split(","))
-vals = {}
+names = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum",
+         "lts__t_sectors_op_write.sum")
+vals = defaultdict(list)  # metric -> one value per profiled launch
 with open(path) as fh:
-    rows = [r for r in csv.reader(fh) if len(r) > 3]
-for r in rows:
-    if r[-3] in ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-                 "lts__t_sectors_op_read.sum"):
-        vals[r[-3]] = float(r[-1].replace(",", ""))
-if len(vals) < 4:
-    print(f"| {shape} | (ncu gave no metrics: see {path}) |")
+    for r in csv.reader(fh):
+        if len(r) > 3 and r[-3] in names:
+            vals[r[-3]].append(float(r[-1].replace(",", "")))
+if len(vals) < len(names):
+    print(f"| {lib} | {shape} | (ncu gave no metrics: see {path}) |")
     sys.exit(0)
+med = {k: statistics.median(v) for k, v in vals.items()}
+us = [t / 1e3 for t in vals["gpu__time_duration.sum"]]
 kv = b * (P + T) * 1152 / 1e6
-rd, wr = vals["dram__bytes_read.sum"] / 1e6, vals["dram__bytes_write.sum"] / 1e6
-l2 = vals["lts__t_sectors_op_read.sum"] * 32 / 1e6
-print(f"| {P // 1024 if P >= 1024 else P}{'k' if P >= 1024 else ''} T {T} b {b} | {vals['gpu__time_duration.sum'] / 1e3:.1f} | "
-      f"{kv:.0f} | {rd:.0f} | {rd / kv:.2f} | {wr:.0f} | {l2:.0f} | {l2 / kv:.2f} |")
+rd, wr = med["dram__bytes_read.sum"] / 1e6, med["dram__bytes_write.sum"] / 1e6
+l2r, l2w = med["lts__t_sectors_op_read.sum"] * 32 / 1e6, med["lts__t_sectors_op_write.sum"] * 32 / 1e6
+label = f"{P // 1024 if P >= 1024 else P}{'k' if P >= 1024 else ''} T {T} b {b}"
+print(f"| {lib} | {label} | {len(us)} | {statistics.median(us):.1f} ({min(us):.1f}-{max(us):.1f}) | {kv:.0f} | {rd:.1f} | "
+      f"{rd / kv:.2f} | {wr:.2f} | {l2r:.1f} | {l2r / kv:.2f} | {l2w:.2f} |")
 PY
+    done
   done
 fi
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then

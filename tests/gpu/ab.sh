@@ -13,7 +13,7 @@
 # moved by more than 2%, the second samples and the geomeans of each library against the base
 # (tests/gpu/ab_summary.py); NEW_BENCH_ARGS (e.g. --p-bf16: rows only the new library has) go to every sm90 and
 # portable bench of the libraries other than the base (the variants too: a variant library that predates a mode times its default
-# under that mode's row name), BASE_BENCH_ARGS to the base's. Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
+# under that mode's row name; VARIANT_BENCH_ARGS_<name> replaces them for one variant), BASE_BENCH_ARGS to the base's. Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
 # 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,6 +36,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -E "passed|failed" "$out/python_ref.log" | tail -2
   echo "== tests took $(elapsed)"
 fi
+# A library's bench arguments: BASE_BENCH_ARGS for the base, NEW_BENCH_ARGS for the new one, and for a variant
+# VARIANT_BENCH_ARGS_<name> when set (e.g. the same library under another --workspace-scale), else NEW_BENCH_ARGS.
+bench_args() {
+  case $1 in
+    base) echo "${BASE_BENCH_ARGS:-}" ;;
+    new) echo "${NEW_BENCH_ARGS:-}" ;;
+    *) local v="VARIANT_BENCH_ARGS_$1"; echo "${!v-${NEW_BENCH_ARGS:-}}" ;;
+  esac
+}
 libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
 libs="base new"
 for v in "$c"/variants/*/lib/libddtree_kernels.so; do
@@ -51,7 +60,7 @@ done
 # (SKIP_SM90=1: a change to the portable kernel alone; its quick table below is then the measurement)
 if [ "${SKIP_SM90:-0}" != 1 ]; then
   for lib in $libs; do
-    extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
+    extra=$(bench_args $lib)
     LD_LIBRARY_PATH=$(libdir $lib) timeout 180 "$c/bench_verify_attn" --sm90-only --plan $extra > "$out/sm90_$lib.txt" 2>&1
     echo "sm90 table, $lib: exit $? at $(elapsed)"
   done
@@ -60,7 +69,7 @@ if [ "${SKIP_SM90:-0}" != 1 ]; then
   for round in $(seq "${SECOND_ROUNDS:-1}"); do
     for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
       for lib in $libs; do
-        extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
+        extra=$(bench_args $lib)
         LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan $extra --shape "$shape" 2>&1 |
           grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
       done
@@ -70,7 +79,7 @@ if [ "${SKIP_SM90:-0}" != 1 ]; then
 fi
 if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
   for lib in $libs; do
-    extra=$([ $lib = base ] && echo "${BASE_BENCH_ARGS:-}" || echo "${NEW_BENCH_ARGS:-}")
+    extra=$(bench_args $lib)
     LD_LIBRARY_PATH=$(libdir $lib) timeout 90 "$c/bench_verify_attn" --quick --portable-only $extra > "$out/portable_$lib.txt" 2>&1
     echo "portable table, $lib: exit $? at $(elapsed)"
   done
