@@ -3,16 +3,17 @@
 # compute-sanitizer's memory checker, on the GPU machine (its Firecracker runtime runs both:
 # .library/device/KINDS.md). Expects .gpu-carry from tests/gpu/pack.sh. Usage there:
 #   [NCU_SHAPES="P,T,batch ..."] [BYTES_SHAPES="P,T,batch ..."] [SKIP_NCU=1] [SKIP_BYTES=1] [SKIP_MEMCHECK=1] \
-#     [BYTES_LIBS="new base <variant> ..."] [BYTES_ARGS="--plan ..."] [BYTES_KERNEL=regex] [BYTES_LAUNCHES=N] \
+#     [NCU_LIBS="new base <variant> ..."] [NCU_ARGS="--plan ..."] [NCU_KERNEL=regex] [BYTES_LAUNCHES=N] \
 #     bench/dev/ncu_attn.sh
-# ncu: the first launch of the sm_90a main kernel (the unplanned instantiation: the same tile loop as the planned
-# one) of bench_verify_attn --sm90-only --shape P,T,batch, clocks left alone (--clock-control none, METHOD.md);
-# full reports in $OUT/ncu_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
+# Both ncu parts profile, for each library of NCU_LIBS (default new; base and variants as ab.sh packs them), the
+# kernels whose mangled name NCU_KERNEL matches (default the sm_90a main kernel, whose first launch is the unplanned
+# instantiation: the same tile loop as the planned one; verify_attn_sm90_kernelILb1ELb0E is the planned hi + lo one,
+# with NCU_ARGS=--plan) in bench_verify_attn --sm90-only NCU_ARGS --shape P,T,batch, each launch alone and from cold
+# caches. ncu: the first such launch, clocks left alone (--clock-control none, METHOD.md);
+# full reports in $OUT/ncu_<lib>_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
 # writes and L2 read sectors (all sources), against the call's KV bytes (batch x (P + T) x 1,152 B): whether the row tiles
 # of one request (T x H > 64 rows) share each KV tile's DRAM read through L2 (the issue's "tiles that share a KV
-# chunk share its load"). The bytes table takes, for each library of BYTES_LIBS (default new; base and variants as
-# ab.sh packs them), the median of BYTES_LAUNCHES (default 1) launches of BYTES_KERNEL (default the main kernel; e.g.
-# verify_attn_sm90_kernelILb1ELb0E, the planned hi + lo one, with BYTES_ARGS=--plan), each alone and from cold caches. memcheck: the attention GPU tests that feed
+# chunk share its load"), medians of BYTES_LAUNCHES (default 1) launches. memcheck: the attention GPU tests that feed
 # bad pages, bad indices, NaN scores, too wide trees, stale and refused plans and host errors, under compute-sanitizer (a fault or an
 # out-of-bounds access fails the run: --error-exitcode). Writes under $OUT (default ./gpu-out).
 set -uo pipefail
@@ -23,29 +24,35 @@ c=$PWD/.gpu-carry
 export LD_LIBRARY_PATH=$c/lib:${LD_LIBRARY_PATH:-}
 export DDTREE_KERNELS_LIB=$c/lib/libddtree_kernels.so
 start=$(date +%s)
+libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
+# ncu on one library's kernels: ncu_lib <lib> <more ncu options> <program and its arguments>
+ncu_lib() {
+  local ld; ld=$(libdir "$1"); shift
+  LD_LIBRARY_PATH=$ld DDTREE_KERNELS_LIB=$ld/libddtree_kernels.so timeout "${NCU_TIMEOUT:-150}" ncu \
+    --clock-control none --kernel-name-base mangled --kernel-name "regex:${NCU_KERNEL:-verify_attn_sm90_kernel}" "$@"
+}
 if [ "${SKIP_NCU:-0}" != 1 ]; then
-  for shape in ${NCU_SHAPES:-32768,16,32 32768,8,1 32768,1,32}; do
-    f="$out/ncu_${shape//,/_}.txt"
-    timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --kernel-name regex:verify_attn_sm90_kernel --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      --section ComputeWorkloadAnalysis --section Occupancy --print-details all \
-      "$c/bench_verify_attn" --sm90-only --shape "$shape" > "$f" 2>&1
-    echo "== ncu $shape: exit $? at $(( $(date +%s) - start )) s"
-    grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued Instruction|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Stall [A-Za-z ]+|Max Bandwidth|Mem Busy|L2 Compression)" "$f" | head -60
+  for lib in ${NCU_LIBS:-new}; do
+    for shape in ${NCU_SHAPES:-32768,16,32 32768,8,1 32768,1,32}; do
+      f="$out/ncu_${lib}_${shape//,/_}.txt"
+      ncu_lib "$lib" --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats --section InstructionStats \
+        --print-details all "$c/bench_verify_attn" --sm90-only ${NCU_ARGS:-} --shape "$shape" > "$f" 2>&1
+      echo "== ncu $lib $shape: exit $? at $(( $(date +%s) - start )) s"
+      grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued Instruction|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Stall [A-Za-z ]+|Max Bandwidth|Mem Busy|L2 Compression)" "$f" | head -60
+    done
   done
 fi
 if [ "${SKIP_BYTES:-0}" != 1 ]; then
   echo "| lib | shape | launches | kernel us (min-max) | KV MB | DRAM read MB | DRAM read / KV | DRAM write MB | L2 reads MB | L2 reads / KV | L2 writes MB |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
-  for lib in ${BYTES_LIBS:-new}; do
-    case $lib in base) ld=$c/base/lib ;; new) ld=$c/lib ;; *) ld=$c/variants/$lib/lib ;; esac
+  for lib in ${NCU_LIBS:-new}; do
     for shape in ${BYTES_SHAPES:-32768,16,32 32768,64,32 2048,64,64 2048,128,64 32768,64,1}; do
       f="$out/bytes_${lib}_${shape//,/_}.csv"
-      LD_LIBRARY_PATH=$ld DDTREE_KERNELS_LIB=$ld/libddtree_kernels.so timeout "${NCU_TIMEOUT:-150}" ncu \
-        --clock-control none --kernel-name "regex:${BYTES_KERNEL:-verify_attn_sm90_kernel}" \
-        --launch-count "${BYTES_LAUNCHES:-1}" \
+      ncu_lib "$lib" --launch-count "${BYTES_LAUNCHES:-1}" \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum \
-        --csv --print-units base "$c/bench_verify_attn" --sm90-only ${BYTES_ARGS:-} --shape "$shape" > "$f" 2>&1
+        --csv --print-units base "$c/bench_verify_attn" --sm90-only ${NCU_ARGS:-} --shape "$shape" > "$f" 2>&1
       python3 - "$lib" "$shape" "$f" <<'PY'
 import csv, statistics, sys
 from collections import defaultdict
