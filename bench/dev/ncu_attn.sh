@@ -9,8 +9,8 @@
 # kernels whose mangled name NCU_KERNEL matches (default the sm_90a main kernel, whose first launch is the unplanned
 # instantiation: the same tile loop as the planned one; verify_attn_sm90_kernelILb1ELb0E is the planned hi + lo one,
 # with NCU_ARGS=--plan) in bench_verify_attn --sm90-only NCU_ARGS --shape P,T,batch, each launch alone and from cold
-# caches. ncu: the first such launch, clocks left alone (--clock-control none, METHOD.md);
-# full reports in $OUT/ncu_<lib>_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
+# caches (NCU_CACHE=none: as the kernels before left them, e.g. a combine's partials in L2). ncu: the first such
+# launch, clocks left alone (--clock-control none, METHOD.md); full reports in $OUT/ncu_<lib>_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
 # writes and L2 read sectors (all sources), against the call's KV bytes (batch x (P + T) x 1,152 B): whether the row tiles
 # of one request (T x H > 64 rows) share each KV tile's DRAM read through L2 (the issue's "tiles that share a KV
 # chunk share its load"), medians of BYTES_LAUNCHES (default 1) launches. memcheck: the attention GPU tests that feed
@@ -29,7 +29,7 @@ libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo 
 ncu_lib() {
   local ld; ld=$(libdir "$1"); shift
   LD_LIBRARY_PATH=$ld DDTREE_KERNELS_LIB=$ld/libddtree_kernels.so timeout "${NCU_TIMEOUT:-150}" ncu \
-    --clock-control none --kernel-name-base mangled --kernel-name "regex:${NCU_KERNEL:-verify_attn_sm90_kernel}" "$@"
+    --clock-control none --cache-control "${NCU_CACHE:-all}" --kernel-name-base mangled --kernel-name "regex:${NCU_KERNEL:-verify_attn_sm90_kernel}" "$@"
 }
 if [ "${SKIP_NCU:-0}" != 1 ]; then
   for lib in ${NCU_LIBS:-new}; do

@@ -45,6 +45,12 @@ bench_args() {
     *) local v="VARIANT_BENCH_ARGS_$1"; echo "${!v-${NEW_BENCH_ARGS:-}}" ;;
   esac
 }
+# A variant's environment for its bench runs: VARIANT_ENV_<name>="VAR=value ..." (e.g. DDTREE_PDL=0: the same library
+# with programmatic dependent launch off); none for base and new.
+bench_env() {
+  local v="VARIANT_ENV_$1"
+  echo "${!v-}"
+}
 libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
 libs="base new"
 for v in "$c"/variants/*/lib/libddtree_kernels.so; do
@@ -61,7 +67,7 @@ done
 if [ "${SKIP_SM90:-0}" != 1 ]; then
   for lib in $libs; do
     extra=$(bench_args $lib)
-    LD_LIBRARY_PATH=$(libdir $lib) timeout 180 "$c/bench_verify_attn" --sm90-only --plan $extra > "$out/sm90_$lib.txt" 2>&1
+    env $(bench_env $lib) LD_LIBRARY_PATH=$(libdir $lib) timeout 180 "$c/bench_verify_attn" --sm90-only --plan $extra > "$out/sm90_$lib.txt" 2>&1
     echo "sm90 table, $lib: exit $? at $(elapsed)"
   done
   # (SECOND_ROUNDS=N: N rounds over SHAPES, the libraries alternating in each; the summary prints each shape's median
@@ -70,7 +76,7 @@ if [ "${SKIP_SM90:-0}" != 1 ]; then
     for shape in ${SHAPES:-512,16,64 512,1,64 2048,1,64 2048,8,64 2048,16,64 8192,1,32 32768,1,32 32768,8,32 131072,1,1 32768,1,1}; do
       for lib in $libs; do
         extra=$(bench_args $lib)
-        LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan $extra --shape "$shape" 2>&1 |
+        env $(bench_env $lib) LD_LIBRARY_PATH=$(libdir $lib) "$c/bench_verify_attn" --sm90-only --plan $extra --shape "$shape" 2>&1 |
           grep -E '^\| [0-9]+ \|' | sed "s/^/$lib /"
       done
     done
@@ -80,7 +86,7 @@ fi
 if [ "${SKIP_PORTABLE:-0}" != 1 ]; then
   for lib in $libs; do
     extra=$(bench_args $lib)
-    LD_LIBRARY_PATH=$(libdir $lib) timeout 90 "$c/bench_verify_attn" --quick --portable-only $extra > "$out/portable_$lib.txt" 2>&1
+    env $(bench_env $lib) LD_LIBRARY_PATH=$(libdir $lib) timeout 90 "$c/bench_verify_attn" --quick --portable-only $extra > "$out/portable_$lib.txt" 2>&1
     echo "portable table, $lib: exit $? at $(elapsed)"
   done
 fi
