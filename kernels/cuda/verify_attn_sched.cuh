@@ -761,47 +761,13 @@ __device__ void run_flash_items(const ddt_verify_attn_params& p, int split_keys,
 
 // ---- host side, shared by the two flash launchers ----
 // What a flash launcher needs to know about the current device, asked once per device and launcher.
-// The combine's CTAs per SM can be capped below its occupancy, 1 to kCombineMaxCap (combine_spread).
-constexpr int kCombineMaxCap = 3;
 struct FlashDeviceInfo {
   int state = 0;         // 0 not asked, 1 ok, -2 a CUDA query or opt-in failed (not cached: asked again),
                          // other negative values: the launcher's own refusals (cached)
   int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
   int sms = 0;           // multiprocessors
   int combine_ctas[kCombineSliceKinds] = {};  // resident combine CTAs of verify_attn_combine_kernel<1 << k>
-  // combine_pad[k][c - 1]: bytes of dynamic shared memory (unused by the kernel) with which at most c CTAs of
-  // verify_attn_combine_kernel<1 << k> fit on an SM; 0 where c is not below its occupancy or no size gives c.
-  int combine_pad[kCombineSliceKinds][kCombineMaxCap] = {};
 };
-// combine_pad's sizes for one combine instantiation of occupancy occ (its opt-in set to the largest): false when a
-// CUDA query or the opt-in failed.
-template <class Kernel>
-inline bool combine_pads(Kernel kernel, int occ, int (&pad)[kCombineMaxCap], int dev) {
-  int per_sm = 0, per_block = 0, reserved = 0;
-  cudaFuncAttributes fa{};
-  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess ||
-      cudaFuncGetAttributes(&fa, kernel) != cudaSuccess)
-    return false;
-  const int fixed = int(fa.sharedSizeBytes) + reserved;  // (a CTA's shared memory besides the pad)
-  int largest = 0;
-  for (int c = 1; c <= kCombineMaxCap && c < occ; ++c) {
-    // c CTAs of per_sm / c bytes each fit and c + 1 do not; 128-byte units
-    const int bytes = std::min((per_sm / c - fixed) / 128 * 128, per_block - int(fa.sharedSizeBytes));
-    if (bytes > 0 && (c + 1) * (bytes + fixed) > per_sm) pad[c - 1] = bytes;
-    largest = std::max(largest, pad[c - 1]);
-  }
-  if (largest > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, largest) != cudaSuccess)
-    return false;
-  for (int c = 1; c <= kCombineMaxCap; ++c) {  // (checked: a size the occupancy calculator disagrees with is dropped)
-    int got = 0;
-    if (pad[c - 1] == 0) continue;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kernel, kThreads, pad[c - 1]) != cudaSuccess) return false;
-    if (got != c) pad[c - 1] = 0;
-  }
-  return true;
-}
 // Opts `kernel` in to `smem` bytes of dynamic shared memory and sizes both launches' persistent grids on
 // device `dev`: state 1, or -2 with the CUDA error cleared.
 template <class Kernel>
@@ -826,14 +792,6 @@ inline FlashDeviceInfo resident_grids(Kernel kernel, int threads, int smem, int 
   info.main_ctas = occ * sms;
   info.sms = sms;
   for (int k = 0; k < kCombineSliceKinds; ++k) info.combine_ctas[k] = occ_c[k] * sms;
-  if (!combine_pads(verify_attn_combine_kernel<1>, occ_c[0], info.combine_pad[0], dev) ||
-      !combine_pads(verify_attn_combine_kernel<2>, occ_c[1], info.combine_pad[1], dev) ||
-      !combine_pads(verify_attn_combine_kernel<4>, occ_c[2], info.combine_pad[2], dev) ||
-      !combine_pads(verify_attn_combine_kernel<8>, occ_c[3], info.combine_pad[3], dev) ||
-      !combine_pads(verify_attn_combine_kernel<16>, occ_c[4], info.combine_pad[4], dev)) {
-    (void)cudaGetLastError();
-    return failed;
-  }
   return info;
 }
 // query(dev) -> FlashDeviceInfo for the current device, cached per device behind a mutex (launches may come
@@ -923,24 +881,6 @@ inline int combine_slices(const ddt_verify_attn_params& p, int split_keys, const
   return 1;
 }
 
-// The combine's CTAs per SM for a grid of `grid` CTAs on `sms` SMs: ceil(grid / sms), at least the floor
-// DDTREE_ATTN_COMBINE_SPREAD (1-3; default 2; "off": no cap, the kernel's occupancy), or 0 (no cap). Under PDL the
-// combine's CTAs are placed while the main kernel runs, on the SMs it leaves or frees first, as many per SM as
-// fit; with a small grid the combine then runs on a few SMs (128k T 1 b 1: 128 CTAs on ~32 SMs, its chains 1.8x
-// their time when spread; docs/PERF_NOTES.md, "the stamped timelines with PDL on and off"). The floor keeps two
-// per SM: a CTA placed only after the main kernel ends pays its checks and scan (~3 us of dependent loads) late.
-inline int combine_spread(unsigned grid, int sms) {
-  static const int floor_cap = [] {
-    const char* env = std::getenv("DDTREE_ATTN_COMBINE_SPREAD");
-    if (!env) return 2;
-    if (std::strcmp(env, "off") == 0) return 0;
-    const int v = std::atoi(env);
-    return v >= 1 && v <= kCombineMaxCap ? v : 2;
-  }();
-  if (floor_cap == 0 || sms < 1) return 0;
-  return std::max<int>(floor_cap, int((grid + unsigned(sms) - 1) / unsigned(sms)));
-}
-
 // The combine launch after a flash kernel (when the capacities allow a split: some request may split).
 // plan / plan_capacity: a planned call's plan (the combine then takes the plan's verdict instead of checking
 // node_offsets itself), else null / 0.
@@ -959,13 +899,8 @@ inline int launch_combine(const ddt_verify_attn_params& p, int split_keys, const
   const float* ml = ws_ml;
   // PDL (kernels/cuda/pdl.cuh): the main kernels signal launch_dependents at their start, so the combine's
   // launch, checks and scan overlap the main kernel; pdl_wait inside orders its reads of the partials.
-  // Spread (combine_spread): its CTAs then fill the SMs the main kernel leaves free or frees first, up to the
-  // occupancy on each, so a small grid would run on a few SMs; the pad caps them per SM.
-  const int cap = combine_spread(g.x, dev.sms);
-  const int pad = cap >= 1 && cap <= kCombineMaxCap ? dev.combine_pad[std::countr_zero(unsigned(slices))][cap - 1] : 0;
   auto launch = [&](auto kernel) {
-    return launch_pdl(kernel, g, dim3(kThreads), size_t(pad), s, p, split_keys, o, ml, warp_mode, plan,
-                      plan_capacity);
+    return launch_pdl(kernel, g, dim3(kThreads), 0, s, p, split_keys, o, ml, warp_mode, plan, plan_capacity);
   };
   switch (slices) {
     case 16: DDT_CUDA_RETURN(launch(verify_attn_combine_kernel<16>)); break;
