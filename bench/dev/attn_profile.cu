@@ -177,7 +177,7 @@ int main() {
         // each after an L2 flush, and the one of median event time is shown: a single call's stamps disagreed
         // with the timed medians before, docs/PERF_NOTES.md S29.)
         constexpr int kCalls = 5;
-        static long long calls_cta[kCalls][4096][16], calls_comb[kCalls][4096][8];
+        static long long calls_cta[kCalls][4096][16], calls_comb[kCalls][4096][12];
         float call_t[kCalls];
         for (int i = 0; i < kCalls; ++i) {
           std::memset(calls_cta[i], 0, sizeof calls_cta[i]);
@@ -263,6 +263,26 @@ int main() {
                         "M done %s, warp 0's chain done %s, all chains done %s, written %s, exit %s |\n",
                         label, cd[0].size(), med_max(cd[0]).c_str(), med_max(cd[1]).c_str(), med_max(cd[2]).c_str(),
                         med_max(cd[3]).c_str(), med_max(cd[4]).c_str(), med_max(cd[5]).c_str());
+        }
+        {  // The combine's prologue before its pdl_wait (CTA schedule and warp schedule alike): us after each CTA's
+           // entry, median / max; and its CTAs that entered after the main kernel's last exit (placed on SMs the
+           // main kernel freed last: their prologue is not hidden under it).
+          std::vector<double> pr[5];
+          int late = 0, n = 0;
+          for (int c = 0; c < 4096; ++c) {
+            if (comb[c][0] == 0) continue;
+            ++n;
+            late += comb[c][0] > t_end;
+            const int slots[5] = {8, 9, 10, 11, 1};
+            for (int k = 0; k < 5; ++k)
+              if (comb[c][slots[k]]) pr[k].push_back((comb[c][slots[k]] - comb[c][0]) * 1e-3);
+          }
+          if (n > 0)
+            std::printf("|   %s combine prologue (us after each CTA's entry, median / max): plan header %s, offsets checked %s, "
+                        "scan done %s, first item located %s, past pdl_wait %s; %d of %d CTAs entered after the main "
+                        "kernel's last exit |\n",
+                        label, med_max(pr[0]).c_str(), med_max(pr[1]).c_str(), med_max(pr[2]).c_str(),
+                        med_max(pr[3]).c_str(), med_max(pr[4]).c_str(), late, n);
         }
         const size_t working = col[0].size();
         std::printf("|   %s CTA timeline (%zu CTAs with items of %u; us, median / max): start skew %s, entry -> first item %s, "

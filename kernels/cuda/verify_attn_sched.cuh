@@ -72,9 +72,10 @@ __device__ __forceinline__ unsigned* prof_first_mask() {
 // geometry published to the math warps, 13 Q's copy issued, 14 the first tile's slot known). The combine's
 // threads 0 stamp globaltimer ns in g_attn_comb: 0 entry, 1 after pdl_wait, 2 exit; and of the CTA schedule's first
 // item: 3 located, 4 M over the splits done, 5 warp 0's chain done, 6 every chain done (past the barrier), 7 the
-// slice written. The harness zeroes both before the launch.
+// slice written; and of its prologue before the wait: 8 plan header read (planned calls), 9 node_offsets checked,
+// 10 scan done, 11 first item located. The harness zeroes both before the launch.
 __device__ long long g_attn_cta[4096][16];
-__device__ long long g_attn_comb[4096][8];
+__device__ long long g_attn_comb[4096][12];
 __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -457,6 +458,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   // while the main kernel still poisons the rows, and a kernel launched after it with PDL would wait only for it.)
   if (plan) {
     read_plan_header(p, split_keys, plan, plan_capacity);
+    DDT_PROF_COMB_NS(8);
     if (plan_words()[0] != 0) {  // the main kernel poisoned every row
       pdl_wait();
       return;
@@ -466,7 +468,9 @@ __global__ void __launch_bounds__(kThreads, 4)
     pdl_wait();
     return;
   }
+  DDT_PROF_COMB_NS(9);
   scan_requests(p, counts, s_items, s_rows);
+  DDT_PROF_COMB_NS(10);
   const int total = s_items[kThreads - 1];
   const int H = p.heads;
   // The first item's location and request (inputs only) before the wait as well (through shared memory: values
@@ -478,6 +482,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     s_first_q = make_request(p, s_first.r);
   }
   __syncthreads();
+  DDT_PROF_COMB_NS(11);
   // Launched with programmatic dependent launch: the checks, the scan and the first item's lookup above read
   // only the inputs and run while the main kernel finishes; its partials are read only after this wait.
   pdl_wait();
