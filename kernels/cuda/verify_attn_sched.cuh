@@ -438,21 +438,6 @@ __device__ __forceinline__ void combine_store_lane(uint16_t* out, int pos, const
           num::f32_to_bf16(v[i] * inv) | (num::f32_to_bf16(v[i + 1] * inv) << 16);
   }
 }
-// The combine prologue's inputs into L1 at its entry, all at once: the plan header (thread 0), node_offsets and
-// prefix_lens (the 128-byte lines from this thread's index: with batch <= 8,192 that covers the checks' and the
-// scan's reads, 32 entries per line). The prologue then reads them one after another (header, offsets check,
-// scan, first item), each a round trip to L2 or DRAM otherwise: ~3 us in all, paid in full by the CTAs placed
-// after the main kernel ends (docs/PERF_NOTES.md S75). Prefetches never fault, so indices past the arrays' ends
-// are not issued.
-__device__ __forceinline__ void prefetch_l1(const void* ptr) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));
-}
-__device__ __forceinline__ void prefetch_combine_inputs(const ddt_verify_attn_params& p, const PlanHeader* plan) {
-  const int i = 32 * int(threadIdx.x);
-  if (plan && threadIdx.x == 0) prefetch_l1(plan);
-  if (i <= p.batch) prefetch_l1(p.node_offsets + i);
-  if (i < p.batch) prefetch_l1(p.prefix_lens + i);
-}
 template <int kSlices>
 __global__ void __launch_bounds__(kThreads, 4)
     verify_attn_combine_kernel(ddt_verify_attn_params p, int split_keys, const float* ws_o, const float* ws_ml,
@@ -466,7 +451,6 @@ __global__ void __launch_bounds__(kThreads, 4)
   __shared__ float s_l[kWarps], s_m[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   DDT_PROF_COMB_NS(0);
-  prefetch_combine_inputs(p, plan);
   const CombineCounts counts{split_keys, warp_mode != 0, kSlices};
   // (planned call: the plan kernel finished before the main kernel started, so its header is visible here.
   // node_offsets is checked in any case: the scan below reads it, and a stale plan must not make it trusted.)
