@@ -3,7 +3,8 @@
 # compute-sanitizer's memory checker, on the GPU machine (its Firecracker runtime runs both:
 # .library/device/KINDS.md). Expects .gpu-carry from tests/gpu/pack.sh. Usage there:
 #   [NCU_SHAPES="P,T,batch ..."] [BYTES_SHAPES="P,T,batch ..."] [SKIP_NCU=1] [SKIP_BYTES=1] [SKIP_MEMCHECK=1] \
-#     [NCU_LIBS="new base <variant> ..."] [NCU_ARGS="--plan ..."] [NCU_KERNEL=regex] [BYTES_LAUNCHES=N] \
+#     [NCU_LIBS="new base <variant> ..."] [NCU_ARGS="--plan ..."] [NCU_KERNEL=regex] [NCU_CACHE=all|none] \
+#     [BYTES_LAUNCHES=N] [NCU_TIMEOUT=s] [MEMCHECK_TIMEOUT=s] \
 #     bench/dev/ncu_attn.sh
 # Both ncu parts profile, for each library of NCU_LIBS (default new; base and variants as ab.sh packs them), the
 # kernels whose mangled name NCU_KERNEL matches (default the sm_90a main kernel, whose first launch is the unplanned
@@ -61,12 +62,20 @@ P, T, b = (int(x) for x in shape.split(","))
 names = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_read.sum",
          "lts__t_sectors_op_write.sum")
 vals = defaultdict(list)  # metric -> one value per profiled launch
+kernels = set()  # (a median over launches of different kernels would mean nothing: NCU_KERNEL must pick one)
 with open(path) as fh:
     for r in csv.reader(fh):
-        if len(r) > 3 and r[-3] in names:
-            vals[r[-3]].append(float(r[-1].replace(",", "")))
+        if len(r) > 4 and r[-3] in names:
+            try:
+                vals[r[-3]].append(float(r[-1].replace(",", "")))
+            except ValueError:  # (n/a)
+                continue
+            kernels.add(r[4])
 if len(vals) < len(names):
     print(f"| {lib} | {shape} | (ncu gave no metrics: see {path}) |")
+    sys.exit(0)
+if len(kernels) > 1:
+    print(f"| {lib} | {shape} | ({len(kernels)} different kernels matched NCU_KERNEL: narrow it; see {path}) |")
     sys.exit(0)
 med = {k: statistics.median(v) for k, v in vals.items()}
 us = [t / 1e3 for t in vals["gpu__time_duration.sum"]]

@@ -13,7 +13,10 @@
 # moved by more than 2%, the second samples and the geomeans of each library against the base
 # (tests/gpu/ab_summary.py); NEW_BENCH_ARGS (e.g. --p-bf16: rows only the new library has) go to every sm90 and
 # portable bench of the libraries other than the base (the variants too: a variant library that predates a mode times its default
-# under that mode's row name; VARIANT_BENCH_ARGS_<name> replaces them for one variant), BASE_BENCH_ARGS to the base's. Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
+# under that mode's row name; VARIANT_BENCH_ARGS_<name> replaces them for one variant), BASE_BENCH_ARGS to the base's.
+# VARIANT_ENV_<name>="VAR=value ..." sets environment variables for one variant's tests and benches (values without
+# spaces or quotes; e.g. DDTREE_PDL=0: the same library with PDL off); in both, a '-' in <name> reads as '_'.
+# Everything else goes into one tarball, $OUT/ab.tgz (the device tool returns at most
 # 8 files). Usage there: DDTREE_COMMIT=<sha> tests/gpu/ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,14 +45,15 @@ bench_args() {
   case $1 in
     base) echo "${BASE_BENCH_ARGS:-}" ;;
     new) echo "${NEW_BENCH_ARGS:-}" ;;
-    *) local v="VARIANT_BENCH_ARGS_$1"; echo "${!v-${NEW_BENCH_ARGS:-}}" ;;
+    *) local v="VARIANT_BENCH_ARGS_${1//-/_}"; echo "${!v-${NEW_BENCH_ARGS:-}}" ;;
   esac
 }
-# A variant's environment for its bench runs: VARIANT_ENV_<name>="VAR=value ..." (e.g. DDTREE_PDL=0: the same library
-# with programmatic dependent launch off); none for base and new.
+# A variant's environment: VARIANT_ENV_<name> (word-split into VAR=value assignments for env); none for base and new.
 bench_env() {
-  local v="VARIANT_ENV_$1"
-  echo "${!v-}"
+  case $1 in
+    base | new) ;;
+    *) local v="VARIANT_ENV_${1//-/_}"; echo "${!v-}" ;;
+  esac
 }
 libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
 libs="base new"
@@ -58,7 +62,7 @@ for v in "$c"/variants/*/lib/libddtree_kernels.so; do
   name=$(basename "$(dirname "$(dirname "$v")")")
   libs="$libs $name"
   if [ "${SKIP_VARIANT_TESTS:-0}" != 1 ]; then
-    LD_LIBRARY_PATH=$(libdir "$name") timeout 300 "$c/test_verify_attn_gpu" --gtest_brief=1 \
+    env $(bench_env "$name") LD_LIBRARY_PATH=$(libdir "$name") timeout 300 "$c/test_verify_attn_gpu" --gtest_brief=1 \
       > "$out/verify_attn_gpu_$name.log" 2>&1
     echo "variant $name: attention GPU tests exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$out/verify_attn_gpu_$name.log" | tr '\n' ' ')) at $(elapsed)"
   fi
