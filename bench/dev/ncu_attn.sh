@@ -11,11 +11,12 @@
 # instantiation: the same tile loop as the planned one; verify_attn_sm90_kernelILb1ELb0E is the planned hi + lo one,
 # with NCU_ARGS=--plan) in bench_verify_attn --sm90-only NCU_ARGS --shape P,T,batch, each launch alone and from cold
 # caches (NCU_CACHE=none: as the kernels before left them, e.g. a combine's partials in L2). ncu: the first such
-# launch, clocks left alone (--clock-control none, METHOD.md); full reports in $OUT/ncu_<lib>_<shape>.txt, the headline metrics printed. bytes: the same kernel's DRAM reads and
-# writes and L2 read sectors (all sources), against the call's KV bytes (batch x (P + T) x 1,152 B): whether the row tiles
-# of one request (T x H > 64 rows) share each KV tile's DRAM read through L2 (the issue's "tiles that share a KV
-# chunk share its load"), medians of BYTES_LAUNCHES (default 1) launches. memcheck: the attention GPU tests that feed
-# bad pages, bad indices, NaN scores, too wide trees, stale and refused plans and host errors, under compute-sanitizer (a fault or an
+# launch, clocks left alone (--clock-control none, METHOD.md); full reports in $OUT/ncu_<lib>_<shape>.txt, the
+# headline metrics printed. bytes: the same kernel's DRAM reads and writes and L2 read and write sectors (all
+# sources), against the call's KV bytes (batch x (P + T) x 1,152 B): whether the row tiles of one request (T x H > 64
+# rows) share each KV tile's DRAM read through L2 (the issue's "tiles that share a KV chunk share its load"), medians
+# of BYTES_LAUNCHES (default 1) launches. memcheck: the attention GPU tests that feed bad pages, bad indices, NaN
+# scores, too wide trees, stale and refused plans and host errors, under compute-sanitizer (a fault or an
 # out-of-bounds access fails the run: --error-exitcode). Writes under $OUT (default ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +26,7 @@ c=$PWD/.gpu-carry
 export LD_LIBRARY_PATH=$c/lib:${LD_LIBRARY_PATH:-}
 export DDTREE_KERNELS_LIB=$c/lib/libddtree_kernels.so
 start=$(date +%s)
-libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
+. "$PWD/tests/gpu/carry_lib.sh"  # libdir <base | new | variant>
 # ncu on one library's kernels: ncu_lib <lib> <more ncu options> <program and its arguments>
 ncu_lib() {
   local ld; ld=$(libdir "$1"); shift

@@ -55,7 +55,7 @@ bench_env() {
     *) local v="VARIANT_ENV_${1//-/_}"; echo "${!v-}" ;;
   esac
 }
-libdir() { case $1 in base) echo "$c/base/lib" ;; new) echo "$c/lib" ;; *) echo "$c/variants/$1/lib" ;; esac; }
+. "$PWD/tests/gpu/carry_lib.sh"  # libdir <base | new | variant>
 libs="base new"
 for v in "$c"/variants/*/lib/libddtree_kernels.so; do
   [ -f "$v" ] || continue
