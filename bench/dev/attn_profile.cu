@@ -5,7 +5,8 @@
 // shuffled pages, bushy trees).
 // build (from the repo root; add -DATTN_PROFILE_SM90 for the sm_90a kernel): nvcc -std=c++20 -arch=sm_90a -O3 -Ikernels/include -I. bench/dev/attn_profile.cu \
 //   kernels/common/validate.cpp kernels/common/verify_attn_split.cpp -o attn_profile
-// usage: [ATTN_PROFILE_P=bf16] [ATTN_PROFILE_PLANNED=1: the laps of a planned call] attn_profile
+// usage: [ATTN_PROFILE_P=bf16] [ATTN_PROFILE_PLANNED=1: the laps of a planned call] [ATTN_PROFILE_DUMP=1: the CTAs
+//   that exit last and first, each with its startup] attn_profile
 // The sm_90a build also prints a timeline row per shape: the API call against the main kernel alone and the
 // combine alone (L2 flushed, median of 9); then the stamped timelines of one unplanned and one planned call,
 // each the call of median event time among 5 stamped calls.
@@ -250,6 +251,22 @@ int main() {
                     label, med_max(st[0]).c_str(), med_max(st[1]).c_str(), med_max(st[2]).c_str(), med_max(st[3]).c_str(),
                     med_max(st[4]).c_str(), med_max(st[7]).c_str(), med_max(st[8]).c_str(), med_max(st[9]).c_str(),
                     med_max(st[5]).c_str(), med_max(st[6]).c_str());
+        if (std::getenv("ATTN_PROFILE_DUMP")) {  // the working CTAs that exit last and first, with their startup (us)
+          std::vector<unsigned> by_exit;
+          for (unsigned c = 0; c < grid; ++c)
+            if (cta[c][1] != 0) by_exit.push_back(c);
+          std::sort(by_exit.begin(), by_exit.end(), [&](unsigned a, unsigned b) { return cta[a][6] > cta[b][6]; });
+          for (size_t i = 0; i < by_exit.size(); ++i) {
+            if (i >= 6 && i + 3 < by_exit.size()) continue;  // (the 6 last and the 3 first)
+            const unsigned c = by_exit[i];
+            auto after_entry = [&](int k) { return cta[c][k] ? (cta[c][k] - cta[c][0]) / 1980.0 : -1.0; };
+            std::printf("|   %s CTA %u (exit rank %zu): entry %.1f, published %.1f, Q issued %.1f, first KV copy issued "
+                        "%.1f, first tile landed %.1f, last item done %.1f, exit %.1f (us after the first entry: entry "
+                        "and exit; after its own entry: the rest) |\n",
+                        label, c, i, (cta[c][5] - t0) * 1e-3, after_entry(12), after_entry(13), after_entry(11),
+                        after_entry(2), after_entry(3), (cta[c][6] - t0) * 1e-3);
+          }
+        }
         // The combine after the main kernel (globaltimer ns, relative to the main kernel's first entry).
         long long c_in = 0, c_w0 = 0, c_w1 = 0, c_out = 0;
         int c_n = 0;
