@@ -237,13 +237,15 @@ int main() {
           std::snprintf(buf, sizeof buf, "%.1f / %.1f", v[v.size() / 2], v.back());
           return std::string(buf);
         };
+        // CTA c's clock64 stamp k in us after its entry (clock64 at 1.98 GHz), or -1 when it was not stamped.
+        auto after_entry = [&](unsigned c, int k) { return cta[c][k] ? (cta[c][k] - cta[c][0]) / 1980.0 : -1.0; };
         // The startup in detail: median over the working CTAs of each stamp after the CTA's entry (us).
         std::vector<double> st[10];
         const int st_slot[10] = {7, 8, 1, 9, 10, 11, 2, 12, 13, 14};
         for (unsigned c = 0; c < grid; ++c) {
           if (cta[c][1] == 0) continue;
           for (int k = 0; k < 10; ++k)
-            if (cta[c][st_slot[k]] != 0) st[k].push_back((cta[c][st_slot[k]] - cta[c][0]) / 1980.0);
+            if (cta[c][st_slot[k]] != 0) st[k].push_back(after_entry(c, st_slot[k]));
         }
         std::printf("|   %s startup (us after entry, median / max): offsets checked %s, scan done %s, math first item %s; "
                     "producer: geometry %s, page check %s, published %s, Q issued %s, first slot known %s, first KV copy "
@@ -259,12 +261,11 @@ int main() {
           for (size_t i = 0; i < by_exit.size(); ++i) {
             if (i >= 6 && i + 3 < by_exit.size()) continue;  // (the 6 last and the 3 first)
             const unsigned c = by_exit[i];
-            auto after_entry = [&](int k) { return cta[c][k] ? (cta[c][k] - cta[c][0]) / 1980.0 : -1.0; };
             std::printf("|   %s CTA %u (exit rank %zu): entry %.1f, published %.1f, Q issued %.1f, first KV copy issued "
                         "%.1f, first tile landed %.1f, last item done %.1f, exit %.1f (us after the first entry: entry "
                         "and exit; after its own entry: the rest) |\n",
-                        label, c, i, (cta[c][5] - t0) * 1e-3, after_entry(12), after_entry(13), after_entry(11),
-                        after_entry(2), after_entry(3), (cta[c][6] - t0) * 1e-3);
+                        label, c, i, (cta[c][5] - t0) * 1e-3, after_entry(c, 12), after_entry(c, 13),
+                        after_entry(c, 11), after_entry(c, 2), after_entry(c, 3), (cta[c][6] - t0) * 1e-3);
           }
         }
         // The combine after the main kernel (globaltimer ns, relative to the main kernel's first entry).
