@@ -70,18 +70,18 @@ DDT_HD bool last_split_listed_last(int64_t rows, int splits) {
 }
 
 // Upper bounds over every device-data instance with these host-known capacities (max_keys bounds a valid
-// request's P + N): work items of the main kernel, partial rows of the workspace, combine items.
+// request's P + N): work items of the main kernel (of row_tile rows each), partial rows of the workspace, combine items.
 struct Bounds {
   int64_t items, partial_rows, combine_items;
 };
-inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys) {
+inline Bounds capacity_bounds(const ddt_verify_attn_params& p, int split_keys, int row_tile = kRowTile) {
   // A valid request has P + N <= max_pages x page_size and P < 2^31, N <= total_nodes (also keeps the
   // products below in int64 whatever the capacities).
   const int64_t max_keys = std::min<int64_t>(int64_t(p.max_pages) * p.page_size, int64_t(INT32_MAX) + p.total_nodes);
   const int64_t smax = split_keys > 0 && max_keys > split_keys ? (max_keys + split_keys - 1) / split_keys : 1;
   const int64_t rows = int64_t(p.total_nodes) * p.heads;
-  // sum_r ceil(N_r H / 32) <= total_nodes H / 32 + batch; each request has at most smax splits.
-  const int64_t tiles = (rows + kRowTile - 1) / kRowTile + p.batch;
+  // sum_r ceil(N_r H / row_tile) <= total_nodes H / row_tile + batch; each request has at most smax splits.
+  const int64_t tiles = (rows + row_tile - 1) / row_tile + p.batch;
   Bounds b;
   b.items = tiles * smax;
   b.partial_rows = smax > 1 ? rows * smax : 0;  // sum_r N_r H x splits_r over split requests

@@ -33,8 +33,9 @@
 //    kPBf16 instantiations) P is hi alone: no P lo stores and one PV product (wide and narrow paths).
 //  - Requests of at most 16 rows (T 1 at H 8 / 16: decode) take the narrow path instead (process_item<1 / 2>:
 //    rows as the MMA's N, S^T = K Q^T and O^T = V^T P^T), bitwise equal to the 32-row path above. The kernel comes
-//    in two instantiations, with and without the narrow path; the launcher takes the former for decode-like
-//    batches (DDTREE_PORTABLE_NARROW=0 / 1 / probe force it; below and docs/PERF_NOTES.md S39).
+//    in three instantiations (PortableMode): wide-only, narrow-16 (the narrow path for requests of at most 16 rows)
+//    and narrow-8 (every request on the 8-row narrow path in 8-row items, at two CTAs per SM); the launcher takes a
+//    narrow one for decode-like batches (DDTREE_PORTABLE_NARROW forces one; below and docs/PERF_NOTES.md S39, S81).
 //  - KV tiles: 8 threads per key slot, each slot's address through the page table (any page size >= 1);
 //    slots >= P + N are zero-filled (cp.async src-size 0) and never read from global memory; 16-byte chunks
 //    XOR-swizzled by (slot & 7) so ldmatrix (K for QK, .trans for V) is free of bank conflicts.
@@ -50,6 +51,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/validate.h"
@@ -155,9 +157,11 @@ struct Smem {
 // stores / loads; sm_80: 16 B, 12 / 20 B), outside the tile loops (cuobjdump); the kernel without it: 233 registers,
 // no stack. __noinline__ per path removed the spills but put the params on the stack: ~24 local loads per tile.)
 // kPBf16: p_precision DDT_ATTN_P_BF16: P as one bf16 (no P lo, one PV product), else the hi + lo pair.
-template <int kNT, bool kPBf16>
+// kTileRows: the rows of an item (kBM; the narrow-8 kernel's items are 8-row tiles: kNarrowN, kNT 1).
+template <int kNT, bool kPBf16, int kTileRows = kBM>
 __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, const Item item, const Request& q,
                              const Smem& sm, float* ws_o, float* ws_ml) {
+  static_assert(kTileRows == kBM || (kTileRows == kNarrowN && kNT == 1), "8-row items on the 8-row narrow path only");
   constexpr bool kNarrow = kNT > 0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int H = p.heads;
@@ -168,12 +172,12 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 
   const int64_t n_rows = int64_t(q.nodes) * H;
   const bool shape_ok = request_shape_ok(p, q);
-  const SplitPlan plan = split_plan(shape_ok ? q.keys : 0, n_rows, split_keys);
+  const SplitPlan plan = split_plan(shape_ok ? q.keys : 0, n_rows, split_keys, kTileRows);
   const int t = item.local % plan.row_tiles, split = item.local / plan.row_tiles;
   const bool is_split = plan.splits > 1;
   const int64_t row0 = int64_t(q.first_row) * H;  // global flattened row of the request's row 0
-  const int64_t tile_row0 = int64_t(t) * kBM;      // first request-local flattened row of this item
-  const int rows_here = n_rows - tile_row0 < kBM ? int(n_rows - tile_row0) : kBM;
+  const int64_t tile_row0 = int64_t(t) * kTileRows;  // first request-local flattened row of this item
+  const int rows_here = n_rows - tile_row0 < kTileRows ? int(n_rows - tile_row0) : kTileRows;
   // Workspace row of (split, request-local row i): partial_base + split * n_rows + i.
   const int64_t prow0 = int64_t(item.partial_base) + int64_t(split) * n_rows + tile_row0;
 
@@ -620,15 +624,20 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 }
 
 // ws_o [partial rows][512] f32, ws_ml [partial rows][2] f32 (m in log2 units, l): the caller's workspace.
-// kWithNarrow: requests of at most 16 rows take the narrow path (process_item<1> / <2>); the kernel without it runs
-// every item on the wide path. Two kernels because the narrow paths inlined beside the wide one raise the kernel to
-// 255 registers and 40 B of stack, and the wide path then runs 3-4% slower (S39, measured); the bits of a row do not
-// depend on the kernel (the paths are bitwise equal: PortableNarrowPathEqualsWidePathBitwise), so the launcher may
-// pick either per call. probe: each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_PORTABLE_NARROW=probe: the tests'
-// evidence).
+// kMode, which paths the kernel holds (the bits of a row do not depend on it: the paths are bitwise equal,
+// PortableNarrowPathEqualsWidePathBitwise, so the launcher may pick any per call):
+//  - kWideOnly: every item on the wide path (tree batches).
+//  - kNarrow16: requests of at most 16 rows take the narrow path (process_item<1> / <2>), the others the wide one.
+//    Not the wide kernel for all: the narrow paths inlined beside the wide one raise the kernel to 255 registers and
+//    40 B of stack, and the wide path then runs 3-4% slower (S39, measured).
+//  - kNarrow8: every item on the 8-row narrow path (process_item<1>; a request of more rows in 8-row passes over its
+//    row tile), at 128 registers, so that two CTAs share an SM where shared memory allows (sm_90, sm_100) and hide
+//    each other's barriers (docs/PERF_NOTES.md S81; S40: the 16-row path spills its Q^T at 128 registers).
+// probe: each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_PORTABLE_NARROW=probe / probe8: the tests' evidence).
 // kPBf16: p_precision DDT_ATTN_P_BF16 (P as one bf16, one PV product), else the default hi + lo.
-template <bool kWithNarrow, bool kPBf16>
-__global__ void __launch_bounds__(kThreads, 1)
+enum PortableMode : int { kWideOnly = 0, kNarrow16 = 1, kNarrow8 = 2 };
+template <int kMode, bool kPBf16>
+__global__ void __launch_bounds__(kThreads, kMode == kNarrow8 ? 2 : 1)
     verify_attn_portable_kernel(ddt_verify_attn_params p, int split_keys, float* ws_o, float* ws_ml, int probe) {
   pdl_launch_dependents();  // the combine (launched with PDL) may start its scan now; it waits for this grid
   extern __shared__ __align__(128) unsigned char smem[];
@@ -639,9 +648,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm.p_lo = sm.p_hi + kBM * kPStride;
   sm.alpha = reinterpret_cast<float*>(smem + kSmemKv + kSmemSp + kSmemP);
   sm.inv_l = sm.alpha + kBM;
-  run_flash_items<kBM>(p, split_keys, reinterpret_cast<int*>(sm.sp), [&](const Item& item, const PlanItem*) {
+  constexpr int kItemRows = kMode == kNarrow8 ? kNarrowN : kBM;
+  run_flash_items<kItemRows>(p, split_keys, reinterpret_cast<int*>(sm.sp), [&](const Item& item, const PlanItem*) {
     const Request q = make_request(p, item.r);
-    if constexpr (kWithNarrow) {
+    if constexpr (kMode == kNarrow8) {
+      process_item<1, kPBf16, kNarrowN>(p, split_keys, item, q, sm, ws_o, ws_ml);
+      if (probe && threadIdx.x == 0) atomicOr(p.status, DDT_DATA_PROBE_NARROW);
+    } else if constexpr (kMode == kNarrow16) {
       // The path from the request's row count alone (batch invariant; a request of a bad shape is poisoned the
       // same way on every path).
       const int64_t n_rows = int64_t(q.nodes) * p.heads;
@@ -655,17 +668,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   });
 }
 
-// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident (of all four
-// kernels: the smallest).
+// Per device, once: the dynamic shared-memory opt-in and the grid sizes that keep every CTA resident: main_ctas of
+// the wide-only and narrow-16 kernels (the smallest of the four), narrow8_ctas of the two narrow-8 ones (the smaller).
 FlashDeviceInfo device_info() {
   return cached_device_info([](int dev) {
     auto grids = [dev](auto kernel) { return resident_grids(kernel, kThreads, kSmemBytes, dev); };
-    FlashDeviceInfo info = grids(verify_attn_portable_kernel<false, false>);
-    for (const FlashDeviceInfo other : {grids(verify_attn_portable_kernel<true, false>),
-                                        grids(verify_attn_portable_kernel<false, true>),
-                                        grids(verify_attn_portable_kernel<true, true>)}) {
+    FlashDeviceInfo info = grids(verify_attn_portable_kernel<kWideOnly, false>);
+    for (const FlashDeviceInfo other : {grids(verify_attn_portable_kernel<kNarrow16, false>),
+                                        grids(verify_attn_portable_kernel<kWideOnly, true>),
+                                        grids(verify_attn_portable_kernel<kNarrow16, true>)}) {
       if (other.state != 1) return other;
       info.main_ctas = std::min(info.main_ctas, other.main_ctas);
+    }
+    for (const FlashDeviceInfo other : {grids(verify_attn_portable_kernel<kNarrow8, false>),
+                                        grids(verify_attn_portable_kernel<kNarrow8, true>)}) {
+      if (other.state != 1) return other;
+      info.narrow8_ctas = info.narrow8_ctas == 0 ? other.main_ctas : std::min(info.narrow8_ctas, other.main_ctas);
     }
     return info;
   });
@@ -684,29 +702,38 @@ extern "C" int ddt_verify_attn_portable_cuda(const ddt_verify_attn_params* p, in
     return fail(DDT_ERR_CUDA, "verify_attn_portable: cannot opt in to 97 KB of dynamic shared memory or query "
                               "occupancy (a GPU or build without this kernel's architecture?)");
   const attn::Bounds b = attn::capacity_bounds(*p, split_keys);
-  // Persistent grid: the resident CTAs (fewer when the item bound is smaller); each takes its items in rounds.
-  int64_t grid = std::min<int64_t>(b.items, dev.main_ctas);
-  if (grid < 1) grid = 1;  // padding rows only
   float* ws_o = static_cast<float*>(workspace);
   float* ws_ml = ws_o + b.partial_rows * attn::kDimV;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // The kernel with the narrow path when the average request has at most 16 rows (decode-like batches: heads x
-  // total_nodes <= 16 x batch; total_nodes is the rows' capacity, so padding rows count: a decode batch captured
-  // with much padding takes the kernel without, 1.2x slower at T 1, never wrong), else the one without (tree
-  // batches). DDTREE_PORTABLE_NARROW=0 never takes it, =1
-  // always, =probe always and marks the status word (read per call: the tests compare both paths; a captured CUDA
-  // graph keeps the value of its capture).
+  // The kernel (PortableMode): decode-like batches (the average request of at most 16 rows: heads x total_nodes <= 16
+  // x batch; total_nodes is the rows' capacity, so padding rows count: a decode batch captured with much padding takes
+  // the wide kernel, 1.2x slower at T 1, never wrong) take a kernel with the narrow path: the narrow-8 one for at most
+  // 8 rows on average where it gets more resident CTAs than the others (two per SM: sm_90, sm_100), else the
+  // narrow-16 one; tree batches the wide one. DDTREE_PORTABLE_NARROW forces one: 0 the wide kernel, 1 the narrow-16
+  // one, 8 the narrow-8 one; probe / probe8 the narrow-16 / narrow-8 one with DDT_DATA_PROBE_NARROW marked (read
+  // per call: the tests compare the kernels; a captured CUDA graph keeps the value of its capture).
   const char* narrow_env = std::getenv("DDTREE_PORTABLE_NARROW");
-  const bool probe = narrow_env && std::strcmp(narrow_env, "probe") == 0;
-  const bool forced_off = narrow_env && std::strcmp(narrow_env, "0") == 0;
-  const bool forced_on = probe || (narrow_env && std::strcmp(narrow_env, "1") == 0);
-  const bool decode_like = int64_t(p->heads) * p->total_nodes <= attn::kNarrowRows * int64_t(p->batch);
-  const bool with_narrow = !forced_off && (forced_on || decode_like);
+  const std::string forced = narrow_env ? narrow_env : "";
+  const bool probe = forced == "probe" || forced == "probe8";
+  const int64_t rows = int64_t(p->heads) * p->total_nodes;
+  int mode = attn::kWideOnly;
+  if (forced == "1" || forced == "probe") mode = attn::kNarrow16;
+  else if (forced == "8" || forced == "probe8") mode = attn::kNarrow8;
+  else if (forced != "0" && rows <= attn::kNarrowN * int64_t(p->batch) && dev.narrow8_ctas > dev.main_ctas)
+    mode = attn::kNarrow8;
+  else if (forced != "0" && rows <= attn::kNarrowRows * int64_t(p->batch)) mode = attn::kNarrow16;
+  // Persistent grid: the resident CTAs (fewer when the item bound is smaller); each takes its items in rounds.
+  const int64_t items = mode == attn::kNarrow8 ? attn::capacity_bounds(*p, split_keys, attn::kNarrowN).items : b.items;
+  int64_t grid = std::min<int64_t>(items, mode == attn::kNarrow8 ? dev.narrow8_ctas : dev.main_ctas);
+  if (grid < 1) grid = 1;  // padding rows only
   const bool p_bf16 = p->p_precision == DDT_ATTN_P_BF16;  // (validate() admitted only the two DDT_ATTN_P_ values)
-  auto* kernel = with_narrow ? (p_bf16 ? attn::verify_attn_portable_kernel<true, true>
-                                       : attn::verify_attn_portable_kernel<true, false>)
-                             : (p_bf16 ? attn::verify_attn_portable_kernel<false, true>
-                                       : attn::verify_attn_portable_kernel<false, false>);
+  using attn::verify_attn_portable_kernel;
+  auto* kernel = mode == attn::kNarrow8  ? (p_bf16 ? verify_attn_portable_kernel<attn::kNarrow8, true>
+                                                   : verify_attn_portable_kernel<attn::kNarrow8, false>)
+                 : mode == attn::kNarrow16 ? (p_bf16 ? verify_attn_portable_kernel<attn::kNarrow16, true>
+                                                     : verify_attn_portable_kernel<attn::kNarrow16, false>)
+                                           : (p_bf16 ? verify_attn_portable_kernel<attn::kWideOnly, true>
+                                                     : verify_attn_portable_kernel<attn::kWideOnly, false>);
   kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, s>>>(*p, split_keys, ws_o, ws_ml, probe ? 1 : 0);
   DDT_CUDA_LAUNCHED();
   return attn::launch_combine(*p, split_keys, b, dev, ws_o, ws_ml, s);

@@ -770,6 +770,7 @@ struct FlashDeviceInfo {
   int state = 0;         // 0 not asked, 1 ok, -2 a CUDA query or opt-in failed (not cached: asked again),
                          // other negative values: the launcher's own refusals (cached)
   int main_ctas = 0;     // resident main-kernel CTAs (occupancy x SMs)
+  int narrow8_ctas = 0;  // the portable launcher's narrow-8 kernels' resident CTAs (0: not asked; the sm_90a one)
   int sms = 0;           // multiprocessors
   int combine_ctas[kCombineSliceKinds] = {};  // resident combine CTAs of verify_attn_combine_kernel<1 << k>
 };

@@ -2,17 +2,19 @@
 # Compiles the portable tree-verify attention kernel (kernels/cuda/verify_attn_portable.cu) for the smallest and
 # the largest targets it promises besides sm_90 (sm_80, sm_120; sm_120 allows 99 KB of shared memory per CTA) with
 # ptxas diagnostics and fails when:
-#  - a kernel without the narrow path (verify_attn_portable_kernel<false, *>, every tree batch; * = P as hi + lo or,
-#    for p_precision DDT_ATTN_P_BF16, as one bf16) spills at all (it runs
-#    at 232-233 registers with none: docs/PERF_NOTES.md S39), or the one with it spills more than a budget (its 12-56
-#    B lie outside the tile loops; a larger number is a new spill to look at);
+#  - the wide-only kernel (verify_attn_portable_kernel<kWideOnly = 0, *>, every tree batch; * = P as hi + lo or, for
+#    p_precision DDT_ATTN_P_BF16, as one bf16) spills at all (it runs at 224-233 registers with none: docs/PERF_NOTES.md
+#    S39), the narrow-16 one (<1, *>) spills more than a budget (its 12-56 B lie outside the tile loops; a larger
+#    number is a new spill to look at), or the narrow-8 one (<2, *>, 128 registers for two CTAs per SM: S81) more than
+#    its own (36-40 B on sm_90, outside the tile loop);
 #  - either kernel's static shared memory exceeds kSmemStatic (384 B), which the dynamic part's static_assert
 #    assumes on the 99 KB targets (past it the launcher's shared-memory opt-in fails at run time).
-# Usage: check_portable_ptxas.sh NVCC SOURCE_ROOT [MAX_NARROW_SPILL_BYTES]
+# Usage: check_portable_ptxas.sh NVCC SOURCE_ROOT [MAX_NARROW_SPILL_BYTES [MAX_NARROW8_SPILL_BYTES]]
 set -euo pipefail
 nvcc=$1
 root=$2
 max_narrow_spill=${3:-96}
+max_narrow8_spill=${4:-96}
 max_static=384
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -25,20 +27,24 @@ for arch in 80 120; do
     echo "FAIL: the portable kernel does not compile for sm_$arch"
     exit 1
   }
-  for kind in 0 1 0b 1b; do
+  for kind in 0 1 2 0b 1b 2b; do
     inst=${kind%b}
     pbf16=$([ "$kind" = "$inst" ] && echo 0 || echo 1)
-    props=$(grep -A2 "Function properties for .*verify_attn_portable_kernelILb${inst}ELb${pbf16}E" "$log" || true)
+    props=$(grep -A2 "Function properties for .*verify_attn_portable_kernelILi${inst}ELb${pbf16}E" "$log" || true)
     stores=$(echo "$props" | grep -o "[0-9]* bytes spill stores" | grep -o "^[0-9]*" | head -n 1 || true)
     loads=$(echo "$props" | grep -o "[0-9]* bytes spill loads" | grep -o "^[0-9]*" | head -n 1 || true)
     smem=$(echo "$props" | grep -o "[0-9]* bytes smem" | grep -o "^[0-9]*" | head -n 1 || true)
     if [ -z "$stores" ] || [ -z "$loads" ] || [ -z "$smem" ]; then
       cat "$log"
-      echo "FAIL: no ptxas resource line for verify_attn_portable_kernel<$([ $inst = 1 ] && echo true || echo false), $([ $pbf16 = 1 ] && echo true || echo false)>"
+      echo "FAIL: no ptxas resource line for verify_attn_portable_kernel<$inst, $([ $pbf16 = 1 ] && echo true || echo false)>"
       exit 1
     fi
-    budget=$([ "$inst" = 1 ] && echo "$max_narrow_spill" || echo 0)
-    name=$([ "$inst" = 1 ] && echo "with the narrow path" || echo "without the narrow path")$([ $pbf16 = 1 ] && echo ", bf16 P" || true)
+    case $inst in
+      0) budget=0 name="wide-only" ;;
+      1) budget=$max_narrow_spill name="narrow-16" ;;
+      *) budget=$max_narrow8_spill name="narrow-8" ;;
+    esac
+    name="$name$([ $pbf16 = 1 ] && echo ", bf16 P" || true)"
     echo "sm_$arch, kernel $name: $stores / $loads bytes of spill stores / loads (budget $budget), $smem bytes of static shared memory (bound $max_static)"
     if [ "$stores" -gt "$budget" ] || [ "$loads" -gt "$budget" ]; then
       echo "FAIL: spills above the budget"

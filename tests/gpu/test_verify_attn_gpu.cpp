@@ -536,7 +536,9 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
 }
 
 // The portable kernel's narrow path (requests of at most 8 / 16 rows: the MMAs with rows as N) gives the wide path's
-// bits for every row, at every split length, and runs (DDT_DATA_PROBE_NARROW with DDTREE_PORTABLE_NARROW=probe).
+// bits for every row, at every split length, and runs (DDT_DATA_PROBE_NARROW with DDTREE_PORTABLE_NARROW=probe); so
+// does the narrow-8 kernel (=probe8: every request on the 8-row narrow path in 8-row items, the setups' requests of 9
+// to 72 rows included).
 TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
   for (const NarrowSetup& su : narrow_setups()) {
     const Result cpu = run_cpu(su.p);
@@ -545,9 +547,12 @@ TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
                         p_bf16<portable<512>>}) {
       const bool rounds_p = fn == p_bf16<portable<0>> || fn == p_bf16<portable<512>>;
       const Result narrow = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "probe");
+      const Result narrow8 = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "probe8");
       const Result wide = run_gpu_with_env(su.p, fn, "DDTREE_PORTABLE_NARROW", "0");
-      expect_narrow_equals_wide(su, narrow, wide, cpu, rounds_p ? "portable-bf16" : "portable",
-                                rounds_p ? p_bf16_tol() : Tol{}, rounds_p ? &mass : nullptr);
+      const char* name = rounds_p ? "portable-bf16" : "portable";
+      const char* name8 = rounds_p ? "portable-bf16 narrow-8" : "portable narrow-8";
+      expect_narrow_equals_wide(su, narrow, wide, cpu, name, rounds_p ? p_bf16_tol() : Tol{}, rounds_p ? &mass : nullptr);
+      expect_narrow_equals_wide(su, narrow8, wide, cpu, name8, rounds_p ? p_bf16_tol() : Tol{}, rounds_p ? &mass : nullptr);
     }
   }
 }
