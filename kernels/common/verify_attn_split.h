@@ -39,7 +39,7 @@ struct SplitPlan {
 
 // keys = P + N of a request whose scalars are valid (0 for an invalid one: one item per row tile, no
 // split), rows = N x H, split_keys as above (validated by the launcher); row_tile: the kernel's rows per item
-// (the portable kernel's 32, the sm_90a kernel's 64; the splits do not depend on it).
+// (the portable kernel's 32, its narrow-8 instantiation's 8, the sm_90a kernel's 64; the splits do not depend on it).
 DDT_HD SplitPlan split_plan(int64_t keys, int64_t rows, int split_keys, int row_tile = kRowTile) {
   SplitPlan s;
   s.row_tiles = int((rows + row_tile - 1) / row_tile);

@@ -9,7 +9,7 @@
 // Work decomposition (plan and arithmetic: docs/PERF_NOTES.md, "Tree-verify attention: portable kernel"):
 //  - Rows: request r's (node, head) pairs flattened as node * H + head (contiguous in q / out / lse), in row
 //    tiles of kBM = 32: tile t = request-local rows [32 t, 32 t + 32). At H = 8 a tile is 4 nodes x 8 heads,
-//    so all heads of a node share each KV tile load.
+//    so all heads of a node share each KV tile load. (The narrow-8 kernel's row tiles are 8 rows: kNarrowN.)
 //  - Keys: request r's slots 0 .. P + N - 1 in key tiles of kBN = 32 at absolute positions (32 k .. 32 k + 31).
 //    A request with P + N > split_keys (the caller's constant) is cut at the absolute positions split_keys,
 //    2 split_keys, ... (kernels/common/verify_attn_split.h: batch invariant, and a chain node equals the
@@ -50,7 +50,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "kernels/common/bf16.h"
@@ -151,8 +150,8 @@ struct Smem {
 // single-node decode, a narrow one), provided an MMA's dot product is the same with its operands swapped (checked
 // bitwise on the GPU: PortableNarrowPathEqualsWidePathBitwise, ChainNodeEqualsSingleNodeDecodeBitwise).
 // Thread (warp, lane = 4 g + c) holds S^T / O^T fragment elements (key or dim g (+ 8), row 2 c (+ 1)) per n-tile.
-// One work item: rows [32 t, 32 t + 32) of request r (q) against key tiles [kt_begin, kt_end) of its split;
-// kNT = 0: the wide path (32 rows as M), 1 / 2: the narrow path.
+// One work item: rows [kTileRows t, kTileRows (t + 1)) of request r (q) against key tiles [kt_begin, kt_end) of its
+// split; kNT = 0: the wide path (32 rows as M), 1 / 2: the narrow path.
 // (The kernel with the narrow path inlines all three: 255 registers, 40 B of stack on sm_90 (56 / 76 B of spill
 // stores / loads; sm_80: 16 B, 12 / 20 B), outside the tile loops (cuobjdump); the kernel without it: 233 registers,
 // no stack. __noinline__ per path removed the spills but put the params on the stack: ~24 local loads per tile.)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Compiles the portable tree-verify attention kernel (kernels/cuda/verify_attn_portable.cu) for the smallest and
-# the largest targets it promises besides sm_90 (sm_80, sm_120; sm_120 allows 99 KB of shared memory per CTA) with
-# ptxas diagnostics and fails when:
+# the largest targets it promises (sm_80, sm_120; sm_120 allows 99 KB of shared memory per CTA) and for sm_90a, where
+# the narrow-8 instantiation runs two CTAs per SM, with ptxas diagnostics and fails when:
 #  - the wide-only kernel (verify_attn_portable_kernel<kWideOnly = 0, *>, every tree batch; * = P as hi + lo or, for
 #    p_precision DDT_ATTN_P_BF16, as one bf16) spills at all (it runs at 224-233 registers with none: docs/PERF_NOTES.md
 #    S39), the narrow-16 one (<1, *>) spills more than a budget (its 12-56 B lie outside the tile loops; a larger
 #    number is a new spill to look at), or the narrow-8 one (<2, *>, 128 registers for two CTAs per SM: S81) more than
-#    its own (36-40 B on sm_90, outside the tile loop);
-#  - either kernel's static shared memory exceeds kSmemStatic (384 B), which the dynamic part's static_assert
+#    its own (36-40 B on sm_90a, outside the tile loop);
+#  - any kernel's static shared memory exceeds kSmemStatic (384 B), which the dynamic part's static_assert
 #    assumes on the 99 KB targets (past it the launcher's shared-memory opt-in fails at run time).
 # Usage: check_portable_ptxas.sh NVCC SOURCE_ROOT [MAX_NARROW_SPILL_BYTES [MAX_NARROW8_SPILL_BYTES]]
 set -euo pipefail
@@ -19,7 +19,7 @@ max_static=384
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 status=0
-for arch in 80 120; do
+for arch in 80 90a 120; do
   log="$out/ptxas_$arch.log"
   "$nvcc" -std=c++20 -gencode=arch=compute_$arch,code=sm_$arch -O3 -I"$root/kernels/include" -I"$root" \
     -c "$root/kernels/cuda/verify_attn_portable.cu" -o "$out/portable_$arch.o" -Xptxas -v >"$log" 2>&1 || {
@@ -56,5 +56,5 @@ for arch in 80 120; do
     fi
   done
 done
-[ "$status" = 0 ] && echo "ok: the portable kernel compiles for sm_80 and sm_120 within its spill and shared-memory bounds"
+[ "$status" = 0 ] && echo "ok: the portable kernel compiles for sm_80, sm_90a and sm_120 within its spill and shared-memory bounds"
 exit $status

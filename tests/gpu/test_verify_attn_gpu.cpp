@@ -88,6 +88,20 @@ int portable(const ddt_verify_attn_params* p, void* stream) {
 }
 const Kernel kPortable{"portable", portable<512>, Tol{}};
 const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
+// The portable kernel forced onto its narrow-8 instantiation (DDTREE_PORTABLE_NARROW=8: every request in 8-row items
+// whatever the batch, where the default takes it only for decode batches), split 64: the sweep, the bad data, graph
+// replay and batch invariance run on it too.
+template <int kSplitKeys>
+int portable_narrow8(const ddt_verify_attn_params* p, void* stream) {
+  const char* saved = std::getenv("DDTREE_PORTABLE_NARROW");
+  const std::string saved_value = saved ? saved : "";
+  setenv("DDTREE_PORTABLE_NARROW", "8", 1);
+  const int rc = portable<kSplitKeys>(p, stream);
+  if (saved) setenv("DDTREE_PORTABLE_NARROW", saved_value.c_str(), 1);
+  else unsetenv("DDTREE_PORTABLE_NARROW");
+  return rc;
+}
+const Kernel kPortableNarrow8{"port-n8", portable_narrow8<64>, Tol{}};
 // The sm_90a kernel (compute capability 9.0 only) at 512, 64, 96 and 0 (never split). 96: key ranges that start
 // off a 64-key boundary (split 1 starts at 96): the cp.async path whatever the page size.
 template <int kSplitKeys>
@@ -106,7 +120,7 @@ constexpr KernelFn p_bf16 = ddtree::test::with_p_bf16<kFn>;
 // (and Sm90KernelOnThisGpu reports that as a skip). The bf16-P ones are compared by their own bar (p_bf16_tol).
 const std::vector<Kernel>& kernels_under_test() {
   static const std::vector<Kernel> ks = [] {
-    std::vector<Kernel> v = {kOracle, kPortable, kPortable64,
+    std::vector<Kernel> v = {kOracle, kPortable, kPortable64, kPortableNarrow8,
                              {"port-bf16", p_bf16<portable<512>>, p_bf16_tol(), true}};
     if (ddtree::test::gpu_is_sm90()) {
       v.push_back({"sm90", sm90<512>, Tol{}});
@@ -538,7 +552,7 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
 // The portable kernel's narrow path (requests of at most 8 / 16 rows: the MMAs with rows as N) gives the wide path's
 // bits for every row, at every split length, and runs (DDT_DATA_PROBE_NARROW with DDTREE_PORTABLE_NARROW=probe); so
 // does the narrow-8 kernel (=probe8: every request on the 8-row narrow path in 8-row items, the setups' requests of 9
-// to 72 rows included).
+// to 144 rows included).
 TEST(VerifyAttnGpu, PortableNarrowPathEqualsWidePathBitwise) {
   for (const NarrowSetup& su : narrow_setups()) {
     const Result cpu = run_cpu(su.p);

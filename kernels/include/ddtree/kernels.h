@@ -50,9 +50,10 @@ typedef enum ddt_status {
 #define DDT_DATA_BAD_INDEX 0x2u   /* malformed tree (node count out of range) or an empty key: that request is skipped */
 #define DDT_DATA_BAD_PLAN 0x4u    /* verify attention: the plan passed to ddt_verify_attn_sm90_planned_cuda was made for other
                                      scalars (batch, heads, split_keys, capacities) or never written: every row poisoned */
-#define DDT_DATA_PROBE_NARROW 0x100u /* test hook, set only with DDTREE_SM90_NARROW=probe (DDTREE_PORTABLE_NARROW=probe)
-                                        in the environment: an item of ddt_verify_attn_sm90_cuda (_portable_cuda)
-                                        took the narrow path (requests of <= 16 rows) */
+#define DDT_DATA_PROBE_NARROW 0x100u /* test hook, set only with DDTREE_SM90_NARROW=probe (DDTREE_PORTABLE_NARROW=probe
+                                        or probe8) in the environment: an item of ddt_verify_attn_sm90_cuda
+                                        (_portable_cuda) took the narrow path (requests of <= 16 rows; probe8: the
+                                        narrow-8 kernel, every item) */
 #define DDT_DATA_PROBE_COMBINE 0x200u /* test hook, set only with DDTREE_ATTN_COMBINE=probe in the environment: the
                                          flash kernels' combine merged a row with one warp (requests of <= 8 splits) */
 
