@@ -629,8 +629,8 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
 //  - kNarrow16: requests of at most 16 rows take the narrow path (process_item<1> / <2>), the others the wide one.
 //    Not the wide kernel for all: the narrow paths inlined beside the wide one raise the kernel to 255 registers and
 //    40 B of stack, and the wide path then runs 3-4% slower (S39, measured).
-//  - kNarrow8: every item on the 8-row narrow path (process_item<1>; a request of more rows in 8-row passes over its
-//    row tile), at 128 registers, so that two CTAs share an SM where shared memory allows (sm_90, sm_100) and hide
+//  - kNarrow8: every item on the 8-row narrow path (process_item<1> over items of 8-row tiles: a request of more rows
+//    is several items), at 128 registers, so that two CTAs share an SM where shared memory allows (sm_90, sm_100) and hide
 //    each other's barriers (docs/PERF_NOTES.md S81; S40: the 16-row path spills its Q^T at 128 registers).
 // probe: each narrow item sets DDT_DATA_PROBE_NARROW (DDTREE_PORTABLE_NARROW=probe / probe8: the tests' evidence).
 // kPBf16: p_precision DDT_ATTN_P_BF16 (P as one bf16, one PV product), else the default hi + lo.

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 
 #include "ddtree/kernels.h"
 #include "gpu_util.h"
@@ -88,18 +89,39 @@ int portable(const ddt_verify_attn_params* p, void* stream) {
 }
 const Kernel kPortable{"portable", portable<512>, Tol{}};
 const Kernel kPortable64{"port-s64", portable<64>, Tol{}};
+// An environment variable set to value (nullptr: unset) for the object's scope, or (one argument) left as it is and
+// free to change; the caller's setting restored after (the kernels' test hooks: DDTREE_*_NARROW, DDTREE_SM90_QTMA,
+// DDTREE_ATTN_COMBINE, ... are read per call).
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const char* name) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+  }
+  ScopedEnv(const char* name, const char* value) : ScopedEnv(name) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
 // The portable kernel forced onto its narrow-8 instantiation (DDTREE_PORTABLE_NARROW=8: every request in 8-row items
 // whatever the batch, where the default takes it only for decode batches), split 64: the sweep, the bad data, graph
 // replay and batch invariance run on it too.
 template <int kSplitKeys>
 int portable_narrow8(const ddt_verify_attn_params* p, void* stream) {
-  const char* saved = std::getenv("DDTREE_PORTABLE_NARROW");
-  const std::string saved_value = saved ? saved : "";
-  setenv("DDTREE_PORTABLE_NARROW", "8", 1);
-  const int rc = portable<kSplitKeys>(p, stream);
-  if (saved) setenv("DDTREE_PORTABLE_NARROW", saved_value.c_str(), 1);
-  else unsetenv("DDTREE_PORTABLE_NARROW");
-  return rc;
+  const ScopedEnv forced("DDTREE_PORTABLE_NARROW", "8");
+  return portable<kSplitKeys>(p, stream);
 }
 const Kernel kPortableNarrow8{"port-n8", portable_narrow8<64>, Tol{}};
 // The sm_90a kernel (compute capability 9.0 only) at 512, 64, 96 and 0 (never split). 96: key ranges that start
@@ -428,14 +450,8 @@ int rows_differing(const Result& a, const Result& b) {
 
 // Runs fn with the environment variable `name` set to value (nullptr: unset), restoring the caller's setting.
 Result run_gpu_with_env(const Problem& p, KernelFn fn, const char* name, const char* value) {
-  const char* saved = std::getenv(name);
-  const std::string saved_value = saved ? saved : "";
-  if (value) setenv(name, value, 1);
-  else unsetenv(name);
-  Result r = run_gpu(p, fn);
-  if (saved) setenv(name, saved_value.c_str(), 1);
-  else unsetenv(name);
-  return r;
+  const ScopedEnv env(name, value);
+  return run_gpu(p, fn);
 }
 Result run_gpu_with_qtma(const Problem& p, KernelFn fn, const char* value) {
   return run_gpu_with_env(p, fn, "DDTREE_SM90_QTMA", value);
@@ -513,8 +529,7 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
     for (int r = 0; r < su.p.batch; ++r) has_narrow |= (su.p.offsets[r + 1] - su.p.offsets[r]) * su.p.opt.heads <= 16;
     ASSERT_TRUE(has_narrow) << su.name;
   }
-  const char* saved = std::getenv("DDTREE_SM90_NARROW");
-  const std::string saved_value = saved ? saved : "";
+  const ScopedEnv restore("DDTREE_SM90_NARROW");  // (set below per run)
   for (const Setup& su : setups) {
     const Problem& p = su.p;
     const Result cpu = run_cpu(p);
@@ -545,8 +560,6 @@ TEST(VerifyAttnGpu, Sm90NarrowPathEqualsWidePathBitwise) {
                                 rounds_p ? p_bf16_tol() : Tol{}, rounds_p ? &mass : nullptr);
     }
   }
-  if (saved) setenv("DDTREE_SM90_NARROW", saved_value.c_str(), 1);
-  else unsetenv("DDTREE_SM90_NARROW");
 }
 
 // The portable kernel's narrow path (requests of at most 8 / 16 rows: the MMAs with rows as N) gives the wide path's
