@@ -372,8 +372,10 @@ __device__ void process_item(const ddt_verify_attn_params& p, int split_keys, co
     __syncthreads();  // (B) partial scores complete
     DDT_PROF_LAP(6, tp);
 
-    // Online softmax: row sr, keys k0 + sk .. +3. Partials summed in a fixed order (dim quarters 0+1, 2+3).
-    {
+    // Online softmax: row sr, keys k0 + sk .. +3. Partials summed in a fixed order (dim quarters 0+1, 2+3). The
+    // narrow paths: only the warps holding rows 0 .. 8 kNT - 1 (4 rows per warp), the rows their PV and epilogues
+    // read; the other warps' rows lie past the item (S82).
+    if (!kNarrow || warp < 2 * kNT) {
       float s[4];
       const float4 p0 = *reinterpret_cast<const float4*>(sm.sp + 0 * kBM * kSpStride + sr * kSpStride + sk);
       const float4 p1 = *reinterpret_cast<const float4*>(sm.sp + 1 * kBM * kSpStride + sr * kSpStride + sk);
